@@ -1,0 +1,62 @@
+package iptables
+
+import (
+	"crypto/sha256"
+	"encoding/base32"
+
+	"github.com/steelyard-net/steelyard/dataplane"
+)
+
+// Chain is an iptables chain name.
+type Chain string
+
+// Table is an iptables table name.
+type Table string
+
+// The tables steelyard writes to.
+const (
+	TableNAT    Table = "nat"
+	TableFilter Table = "filter"
+)
+
+// ChainPrefix starts every chain steelyard creates; cleanup and the readers
+// rely on it to touch nothing else. Top-level chain names below are part of
+// the released interface: never rename them.
+const ChainPrefix = "STEELYARD-"
+
+// Top-level chains.
+const (
+	// ChainServices (nat) sends each VIP to its Service chain. (filter) rejects
+	// new connections to VIPs without endpoints.
+	ChainServices Chain = "STEELYARD-SERVICES"
+	// ChainPostrouting (nat) masquerades packets marked for it.
+	ChainPostrouting Chain = "STEELYARD-POSTROUTING"
+	// ChainMarkMasq (nat) marks a packet for masquerading.
+	ChainMarkMasq Chain = "STEELYARD-MARK-MASQ"
+	// ChainForward (filter) accepts steelyard's traffic on hosts whose FORWARD
+	// policy is DROP.
+	ChainForward Chain = "STEELYARD-FORWARD"
+)
+
+const (
+	svcPrefix = "STEELYARD-SVC-"
+	sepPrefix = "STEELYARD-SEP-"
+	// iptables chain names hold at most 28 characters; prefix (14) + 14.
+	hashLen = 14
+)
+
+// ServiceChain returns the chain of one Service port: a stable hash of its
+// name and protocol, so it survives restarts and renames nothing.
+func ServiceChain(name dataplane.ServicePortName, proto dataplane.Protocol) Chain {
+	return Chain(svcPrefix + hash(name.String()+"/"+string(proto)))
+}
+
+// EndpointChain returns the chain of one backend of one Service port.
+func EndpointChain(name dataplane.ServicePortName, proto dataplane.Protocol, b dataplane.Backend) Chain {
+	return Chain(sepPrefix + hash(name.String()+"/"+string(proto)+"/"+b.Addr().String()))
+}
+
+func hash(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return base32.StdEncoding.EncodeToString(sum[:])[:hashLen]
+}

@@ -1,0 +1,221 @@
+// Package iptables is steelyard's iptables dataplane: it renders the desired
+// state into STEELYARD- chains (weights become statistic probabilities, see
+// probability.go), applies them with one iptables-restore --noflush per sync,
+// and reads the live kernel back for explain and verify (ruleset.go,
+// trace.go, explain.go).
+package iptables
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/steelyard-net/steelyard/dataplane"
+)
+
+var log = logrus.WithField("subsys", "iptables")
+
+// jump is a rule in a built-in chain that leads into steelyard's chains.
+// These are the only rules written one by one (go-iptables); everything
+// else goes through iptables-restore.
+type jump struct {
+	table Table
+	from  Chain
+	args  []string
+}
+
+func (j jump) target() Chain { return Chain(j.args[len(j.args)-1]) }
+
+var jumps = []jump{
+	{TableNAT, "PREROUTING", []string{"-m", "comment", "--comment", "steelyard service portals", "-j", string(ChainServices)}},
+	{TableNAT, "OUTPUT", []string{"-m", "comment", "--comment", "steelyard service portals", "-j", string(ChainServices)}},
+	{TableNAT, "POSTROUTING", []string{"-m", "comment", "--comment", "steelyard postrouting", "-j", string(ChainPostrouting)}},
+	{TableFilter, "FORWARD", []string{"-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "steelyard service portals", "-j", string(ChainServices)}},
+	{TableFilter, "OUTPUT", []string{"-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "steelyard service portals", "-j", string(ChainServices)}},
+	{TableFilter, "FORWARD", []string{"-m", "comment", "--comment", "steelyard forwarding rules", "-j", string(ChainForward)}},
+}
+
+// Proxier is the iptables Dataplane.
+type Proxier struct {
+	ipt Interface
+	cfg Config
+	// applied is what the last successful Sync left in the kernel; nil
+	// forces the next Sync to be full (at start and after a failure).
+	applied *Rules
+	// LastSync describes the last successful Sync, for logs and benchmarks.
+	LastSync SyncStats
+}
+
+// SyncStats describes one Sync.
+type SyncStats struct {
+	Full          bool
+	ChainsWritten int
+	ChainsDeleted int
+	RulesWritten  int
+	RulesTotal    int
+	RestoreBytes  int
+	Render        time.Duration
+	Restore       time.Duration
+}
+
+var _ dataplane.Dataplane = (*Proxier)(nil)
+
+// NewProxier returns a Proxier writing through ipt.
+func NewProxier(ipt Interface, cfg Config) *Proxier {
+	return &Proxier{ipt: ipt, cfg: cfg}
+}
+
+// Sync applies s in one iptables-restore. A partial Sync writes only the
+// chains whose rules changed since the last successful Sync and deletes the
+// chains that are gone; a full Sync also ensures the jumps from built-in
+// chains and rewrites every steelyard chain, repairing hand edits.
+func (p *Proxier) Sync(s dataplane.State, full bool) error {
+	start := time.Now()
+	desired := Render(s, p.cfg)
+	stats := SyncStats{Render: time.Since(start), RulesTotal: desired.Count()}
+	if p.applied == nil {
+		full = true
+	}
+	stats.Full = full
+
+	write := map[Table][]Chain{}
+	remove := map[Table][]Chain{}
+	if full {
+		if err := p.ensureJumps(); err != nil {
+			p.applied = nil
+			return err
+		}
+		saved, err := p.ipt.SaveAll()
+		if err != nil {
+			p.applied = nil
+			return err
+		}
+		live, err := ParseRuleset(saved)
+		if err != nil {
+			p.applied = nil
+			return fmt.Errorf("parse iptables-save: %w", err)
+		}
+		for _, t := range desired.Tables() {
+			write[t] = append(write[t], desired.Chains(t)...)
+			for _, c := range live.SteelyardChains(t) {
+				if !desired.Has(t, c) {
+					remove[t] = append(remove[t], c)
+				}
+			}
+		}
+	} else {
+		for _, t := range desired.Tables() {
+			for _, c := range desired.Chains(t) {
+				if !p.applied.Has(t, c) || !slices.Equal(p.applied.RulesOf(t, c), desired.RulesOf(t, c)) {
+					write[t] = append(write[t], c)
+				}
+			}
+			for _, c := range p.applied.Chains(t) {
+				if !desired.Has(t, c) {
+					remove[t] = append(remove[t], c)
+				}
+			}
+		}
+	}
+	for _, t := range desired.Tables() {
+		stats.ChainsWritten += len(write[t])
+		stats.ChainsDeleted += len(remove[t])
+		for _, c := range write[t] {
+			stats.RulesWritten += len(desired.RulesOf(t, c))
+		}
+	}
+	if stats.ChainsWritten == 0 && stats.ChainsDeleted == 0 {
+		p.LastSync = stats
+		return nil
+	}
+	data := restoreText(desired, write, remove)
+	stats.RestoreBytes = len(data)
+	restoreStart := time.Now()
+	if err := p.ipt.Restore(data); err != nil {
+		// The kernel kept the previous ruleset; rebuild everything next time.
+		p.applied = nil
+		return err
+	}
+	stats.Restore = time.Since(restoreStart)
+	p.applied = desired
+	p.LastSync = stats
+	return nil
+}
+
+func (p *Proxier) ensureJumps() error {
+	for _, j := range jumps {
+		if err := p.ipt.EnsureChain(j.table, j.target()); err != nil {
+			return fmt.Errorf("ensure chain %s/%s: %w", j.table, j.target(), err)
+		}
+		if err := p.ipt.EnsureRule(j.table, j.from, j.args...); err != nil {
+			return fmt.Errorf("ensure jump %s/%s -> %s: %w", j.table, j.from, j.target(), err)
+		}
+	}
+	return nil
+}
+
+// Explain reads the live kernel and returns what each VIP does.
+func (p *Proxier) Explain() ([]dataplane.ServiceView, error) {
+	saved, err := p.ipt.SaveAll()
+	if err != nil {
+		return nil, err
+	}
+	rs, err := ParseRuleset(saved)
+	if err != nil {
+		return nil, fmt.Errorf("parse iptables-save: %w", err)
+	}
+	return Views(rs)
+}
+
+// Cleanup removes the jumps from built-in chains and every STEELYARD- chain,
+// and nothing else. Jumps are found in the live ruleset, so those written
+// by an older release with other comments go too.
+func (p *Proxier) Cleanup() error {
+	p.applied = nil
+	saved, err := p.ipt.SaveAll()
+	if err != nil {
+		return err
+	}
+	live, err := ParseRuleset(saved)
+	if err != nil {
+		return fmt.Errorf("parse iptables-save: %w", err)
+	}
+	remove := map[Table][]Chain{}
+	n := 0
+	for _, t := range []Table{TableFilter, TableNAT} {
+		st := live.Tables[t]
+		if st == nil {
+			continue
+		}
+		for _, c := range st.Order {
+			if !builtinChains[c] {
+				continue
+			}
+			for _, r := range st.Chains[c].Rules {
+				if !strings.HasPrefix(r.Jump, ChainPrefix) {
+					continue
+				}
+				args, err := tokenize(r.Text)
+				if err != nil {
+					return err
+				}
+				if err := p.ipt.DeleteRule(t, c, args...); err != nil {
+					return fmt.Errorf("delete jump %s/%s -> %s: %w", t, c, r.Jump, err)
+				}
+			}
+		}
+		remove[t] = live.SteelyardChains(t)
+		n += len(remove[t])
+	}
+	if n == 0 {
+		return nil
+	}
+	if err := p.ipt.Restore(restoreText(newRules(), nil, remove)); err != nil {
+		return err
+	}
+	log.WithField("chains", n).Info("removed steelyard chains")
+	return nil
+}

@@ -1,0 +1,145 @@
+// Package dataplane holds the desired-state model that every steelyard
+// dataplane (iptables, IPVS, nftables) consumes, and the views that the
+// operator CLI (explain, verify) prints.
+//
+// The model is deliberately free of Kubernetes types: the controller turns
+// Services and EndpointSlices into a State once (weights, splits, readiness),
+// and each dataplane only decides how to program that State into the kernel.
+package dataplane
+
+import (
+	"fmt"
+	"net/netip"
+	"sort"
+	"strings"
+)
+
+// Protocol is an L4 protocol a VIP can carry.
+type Protocol string
+
+// The protocols steelyard forwards.
+const (
+	TCP Protocol = "TCP"
+	UDP Protocol = "UDP"
+)
+
+// Lower returns the protocol as iptables and nft spell it ("tcp", "udp").
+func (p Protocol) Lower() string { return strings.ToLower(string(p)) }
+
+// ServicePortName identifies one port of one Service: "namespace/name:port".
+type ServicePortName struct {
+	Namespace string
+	Name      string
+	// Port is the Service port's name, or its number when the port is unnamed.
+	Port string
+}
+
+// String renders the name the way rule comments and the CLI show it.
+func (n ServicePortName) String() string {
+	return n.Namespace + "/" + n.Name + ":" + n.Port
+}
+
+// ParseServicePortName parses "namespace/name:port".
+func ParseServicePortName(s string) (ServicePortName, error) {
+	ns, rest, ok := strings.Cut(s, "/")
+	if !ok || ns == "" {
+		return ServicePortName{}, fmt.Errorf("service port name %q: want namespace/name:port", s)
+	}
+	name, port, ok := strings.Cut(rest, ":")
+	if !ok || name == "" || port == "" {
+		return ServicePortName{}, fmt.Errorf("service port name %q: want namespace/name:port", s)
+	}
+	return ServicePortName{Namespace: ns, Name: name, Port: port}, nil
+}
+
+// VIP is the address a client connects to: a Service IP, port and protocol.
+type VIP struct {
+	IP       netip.Addr
+	Port     uint16
+	Protocol Protocol
+}
+
+// String renders "198.18.0.10:80/TCP".
+func (v VIP) String() string {
+	return netip.AddrPortFrom(v.IP, v.Port).String() + "/" + string(v.Protocol)
+}
+
+// Backend is one endpoint behind a VIP.
+type Backend struct {
+	IP   netip.Addr
+	Port uint16
+	// Name is the endpoint's pod name (EndpointSlice targetRef.name), or "".
+	Name string
+	// Weight is the effective weight: the share of new connections is
+	// Weight / (sum of the Weights of the ServicePort). Zero means "no new
+	// connections" (drained by weight 0, not ready, or left out by the
+	// terminating fallback) while established connections keep flowing.
+	// It is fractional when a split across Services divides a part among
+	// the endpoints of one Service.
+	Weight float64
+	// Ready, Serving and Terminating are the EndpointSlice conditions; they
+	// are kept for display and for graceful handling in dataplanes. The
+	// readiness rule is already folded into Weight.
+	Ready       bool
+	Serving     bool
+	Terminating bool
+}
+
+// Addr returns the backend's IP:port.
+func (b Backend) Addr() netip.AddrPort { return netip.AddrPortFrom(b.IP, b.Port) }
+
+// ServicePort is one VIP and the backends its new connections are split across.
+type ServicePort struct {
+	Name     ServicePortName
+	VIP      VIP
+	Backends []Backend
+}
+
+// Active returns the backends that receive new connections (Weight > 0), in
+// a stable order (by IP, then port).
+func (s *ServicePort) Active() []Backend {
+	out := make([]Backend, 0, len(s.Backends))
+	for _, b := range s.Backends {
+		if b.Weight > 0 {
+			out = append(out, b)
+		}
+	}
+	sortBackends(out)
+	return out
+}
+
+// TotalWeight returns the sum of the weights of the active backends.
+func (s *ServicePort) TotalWeight() float64 {
+	var sum float64
+	for _, b := range s.Backends {
+		if b.Weight > 0 {
+			sum += b.Weight
+		}
+	}
+	return sum
+}
+
+func sortBackends(bs []Backend) {
+	sort.Slice(bs, func(i, j int) bool {
+		if c := bs[i].IP.Compare(bs[j].IP); c != 0 {
+			return c < 0
+		}
+		return bs[i].Port < bs[j].Port
+	})
+}
+
+// State is the whole desired state of a node: every Service port steelyard
+// programs. Dataplanes apply a State as one unit.
+type State struct {
+	Services []ServicePort
+}
+
+// Sort orders the Service ports by name, so renderings are deterministic.
+func (s *State) Sort() {
+	sort.Slice(s.Services, func(i, j int) bool {
+		return s.Services[i].Name.String() < s.Services[j].Name.String()
+	})
+	for i := range s.Services {
+		sortBackends(s.Services[i].Backends)
+	}
+}

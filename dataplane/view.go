@@ -1,0 +1,197 @@
+package dataplane
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net/netip"
+	"sort"
+	"strings"
+)
+
+// ServiceView is what a VIP does, as explain prints it: the share of new
+// connections each backend receives. Dataplanes build it from the live kernel;
+// Expected builds it from a desired State; verify compares the two.
+type ServiceView struct {
+	// Service is "namespace/name:port", from the rule comments.
+	Service  string        `json:"service"`
+	VIP      string        `json:"vip"`
+	Port     uint16        `json:"port"`
+	Protocol Protocol      `json:"protocol"`
+	Backends []BackendView `json:"backends"`
+	// Reject is true when new connections are refused (no usable endpoint).
+	// A view with no backends and no Reject describes a VIP whose packets the
+	// kernel passes on unchanged: a broken or half-removed ruleset.
+	Reject bool `json:"reject,omitempty"`
+}
+
+// BackendView is one backend and its share of new connections in percent.
+type BackendView struct {
+	IP    string  `json:"ip"`
+	Port  uint16  `json:"port"`
+	Share float64 `json:"share"`
+}
+
+// RoundShare rounds a share in percent to 4 decimals (1e-6 of the
+// connections), the precision explain reports: the kernel's 31-bit
+// probabilities would otherwise print as 10.000000009.
+func RoundShare(percent float64) float64 {
+	return math.Round(percent*1e4) / 1e4
+}
+
+// ShareTolerance is how far (in percentage points) a live share may differ
+// from the desired one and still agree: iptables stores probabilities in 31
+// bits and we print them with 10 decimals, so real differences are far larger.
+const ShareTolerance = 1e-4
+
+// Expected returns the views a correctly programmed kernel shows for s.
+func Expected(s State) []ServiceView {
+	views := make([]ServiceView, 0, len(s.Services))
+	for i := range s.Services {
+		sp := &s.Services[i]
+		v := ServiceView{
+			Service:  sp.Name.String(),
+			VIP:      sp.VIP.IP.String(),
+			Port:     sp.VIP.Port,
+			Protocol: sp.VIP.Protocol,
+			Backends: []BackendView{},
+		}
+		total := sp.TotalWeight()
+		for _, b := range sp.Active() {
+			v.Backends = append(v.Backends, BackendView{IP: b.IP.String(), Port: b.Port, Share: RoundShare(100 * b.Weight / total)})
+		}
+		v.Reject = len(v.Backends) == 0
+		views = append(views, v)
+	}
+	SortViews(views)
+	return views
+}
+
+// SortViews orders views by VIP, port and protocol, and backends by address.
+func SortViews(views []ServiceView) {
+	for _, v := range views {
+		sort.Slice(v.Backends, func(i, j int) bool {
+			return lessAddr(v.Backends[i].IP, v.Backends[i].Port, v.Backends[j].IP, v.Backends[j].Port)
+		})
+	}
+	sort.Slice(views, func(i, j int) bool {
+		a, b := views[i], views[j]
+		if a.VIP != b.VIP || a.Port != b.Port {
+			return lessAddr(a.VIP, a.Port, b.VIP, b.Port)
+		}
+		return a.Protocol < b.Protocol
+	})
+}
+
+func lessAddr(ipa string, pa uint16, ipb string, pb uint16) bool {
+	a, errA := netip.ParseAddr(ipa)
+	b, errB := netip.ParseAddr(ipb)
+	if errA == nil && errB == nil && a != b {
+		return a.Less(b)
+	}
+	if ipa != ipb {
+		return ipa < ipb
+	}
+	return pa < pb
+}
+
+// Key returns "198.18.0.10:80/TCP", the VIP the view describes.
+func (v ServiceView) Key() string {
+	return fmt.Sprintf("%s/%s", netip.AddrPortFrom(netip.MustParseAddr(v.VIP), v.Port), v.Protocol)
+}
+
+// Line renders the view the way explain prints it:
+//
+//	198.18.0.10:80/TCP  198.19.1.2:8080 10.00%  198.19.2.2:8080 90.00%  demo/web:http
+func (v ServiceView) Line() string {
+	var b strings.Builder
+	b.WriteString(v.Key())
+	switch {
+	case v.Reject:
+		b.WriteString("  reject (no endpoints)")
+	case len(v.Backends) == 0:
+		b.WriteString("  not forwarded")
+	}
+	for _, be := range v.Backends {
+		fmt.Fprintf(&b, "  %s %.2f%%", netip.AddrPortFrom(netip.MustParseAddr(be.IP), be.Port), be.Share)
+	}
+	if v.Service != "" {
+		b.WriteString("  " + v.Service)
+	}
+	return b.String()
+}
+
+// WriteViews prints views as text lines or, with format "json", as a JSON list.
+func WriteViews(w io.Writer, views []ServiceView, format string) error {
+	switch format {
+	case "json":
+		if views == nil {
+			views = []ServiceView{}
+		}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(views)
+	case "", "text":
+		for _, v := range views {
+			if _, err := fmt.Fprintln(w, v.Line()); err != nil {
+				return err
+			}
+		}
+		return nil
+	default:
+		return fmt.Errorf("unknown output format %q (want text or json)", format)
+	}
+}
+
+// Diff compares the desired views with the live ones and returns readable
+// lines ("- want", "+ live") for every VIP that differs; none means they agree.
+func Diff(want, live []ServiceView) []string {
+	wantBy := map[string]ServiceView{}
+	for _, v := range want {
+		wantBy[v.Key()] = v
+	}
+	liveBy := map[string]ServiceView{}
+	for _, v := range live {
+		liveBy[v.Key()] = v
+	}
+	keys := map[string]bool{}
+	for k := range wantBy {
+		keys[k] = true
+	}
+	for k := range liveBy {
+		keys[k] = true
+	}
+	sorted := make([]string, 0, len(keys))
+	for k := range keys {
+		sorted = append(sorted, k)
+	}
+	sort.Strings(sorted)
+	var out []string
+	for _, k := range sorted {
+		w, inWant := wantBy[k]
+		l, inLive := liveBy[k]
+		switch {
+		case !inLive:
+			out = append(out, "- "+w.Line()+"   (missing from the kernel)")
+		case !inWant:
+			out = append(out, "+ "+l.Line()+"   (not in the desired state)")
+		case !sameView(w, l):
+			out = append(out, "- "+w.Line(), "+ "+l.Line())
+		}
+	}
+	return out
+}
+
+func sameView(a, b ServiceView) bool {
+	if a.Service != b.Service || len(a.Backends) != len(b.Backends) || a.Reject != b.Reject {
+		return false
+	}
+	for i := range a.Backends {
+		x, y := a.Backends[i], b.Backends[i]
+		if x.IP != y.IP || x.Port != y.Port || math.Abs(x.Share-y.Share) > ShareTolerance {
+			return false
+		}
+	}
+	return true
+}
