@@ -195,29 +195,51 @@ func quote(s string) string {
 // chains in write (every rule of each is replaced: declaring ":CHAIN - [0:0]"
 // flushes exactly that chain) and deletes the chains in remove.
 func restoreText(r *Rules, write, remove map[Table][]Chain) []byte {
-	var b strings.Builder
+	// Size the buffer first: at 10,000 Services the text is tens of MB and
+	// growing it step by step dominated the render time.
+	size := 0
+	for _, t := range r.Tables() {
+		size += 32
+		for _, c := range write[t] {
+			size += 2*len(c) + 16
+			for _, rule := range r.RulesOf(t, c) {
+				size += len(c) + len(rule) + 5
+			}
+		}
+		size += len(remove[t]) * 64
+	}
+	b := make([]byte, 0, size)
 	for _, t := range r.Tables() {
 		if len(write[t]) == 0 && len(remove[t]) == 0 {
 			continue
 		}
-		fmt.Fprintf(&b, "*%s\n", t)
-		for _, c := range write[t] {
-			fmt.Fprintf(&b, ":%s - [0:0]\n", c)
-		}
-		for _, c := range remove[t] {
-			fmt.Fprintf(&b, ":%s - [0:0]\n", c)
+		b = append(b, '*')
+		b = append(b, t...)
+		b = append(b, '\n')
+		for _, cs := range [][]Chain{write[t], remove[t]} {
+			for _, c := range cs {
+				b = append(b, ':')
+				b = append(b, c...)
+				b = append(b, " - [0:0]\n"...)
+			}
 		}
 		for _, c := range write[t] {
 			for _, rule := range r.RulesOf(t, c) {
-				fmt.Fprintf(&b, "-A %s %s\n", c, rule)
+				b = append(b, "-A "...)
+				b = append(b, c...)
+				b = append(b, ' ')
+				b = append(b, rule...)
+				b = append(b, '\n')
 			}
 		}
 		for _, c := range remove[t] {
-			fmt.Fprintf(&b, "-X %s\n", c)
+			b = append(b, "-X "...)
+			b = append(b, c...)
+			b = append(b, '\n')
 		}
-		b.WriteString("COMMIT\n")
+		b = append(b, "COMMIT\n"...)
 	}
-	return []byte(b.String())
+	return b
 }
 
 // FullRestore returns the restore text that writes every chain of r; tests

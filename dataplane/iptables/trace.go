@@ -76,6 +76,11 @@ func (tr *tracer) walk(c Chain, in branch, p Packet, depth int) (terms []Outcome
 	}
 	cur := []branch{in}
 	for _, r := range ch.Rules {
+		// Fast path: most rules match no branch (a VIP walking the long
+		// STEELYARD-SERVICES chain); keep cur as it is.
+		if !slices.ContainsFunc(cur, func(b branch) bool { return b.mass > 0 && r.matches(p, b.mark) }) {
+			continue
+		}
 		var next []branch
 		for _, b := range cur {
 			if b.mass == 0 {
