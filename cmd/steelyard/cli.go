@@ -1,0 +1,126 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os/exec"
+
+	"github.com/spf13/cobra"
+
+	"github.com/steelyard-net/steelyard/controller"
+	"github.com/steelyard-net/steelyard/dataplane"
+	"github.com/steelyard-net/steelyard/dataplane/iptables"
+)
+
+func newExplainCommand() *cobra.Command {
+	var (
+		dp     dataplaneFlags
+		output string
+	)
+	cmd := &cobra.Command{
+		Use:   "explain",
+		Short: "Show, from the live kernel, which backends each VIP reaches and with what share",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			d, err := dp.open()
+			if err != nil {
+				return err
+			}
+			views, err := d.Explain()
+			if err != nil {
+				return err
+			}
+			return dataplane.WriteViews(cmd.OutOrStdout(), views, output)
+		},
+	}
+	dp.register(cmd, false)
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "output format: text or json")
+	return cmd
+}
+
+func newVerifyCommand() *cobra.Command {
+	var (
+		dp        dataplaneFlags
+		manifests string
+	)
+	cmd := &cobra.Command{
+		Use:   "verify",
+		Short: "Compare the live kernel with the desired state; exit 1 with a diff when they differ",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if manifests == "" {
+				return errors.New("--manifests DIR is required")
+			}
+			svcs, slices, errs := controller.NewManifestSource(manifests).Load()
+			for _, e := range errs {
+				fmt.Fprintln(cmd.ErrOrStderr(), "warning:", e)
+			}
+			state, problems := controller.NewBuilder().Build(svcs, slices)
+			for _, p := range problems {
+				fmt.Fprintln(cmd.ErrOrStderr(), "warning:", p.Error())
+			}
+			d, err := dp.open()
+			if err != nil {
+				return err
+			}
+			live, err := d.Explain()
+			if err != nil {
+				return err
+			}
+			diff := dataplane.Diff(dataplane.Expected(state), live)
+			out := cmd.OutOrStdout()
+			if len(diff) == 0 {
+				fmt.Fprintf(out, "OK: %d VIPs agree with %s\n", len(state.Services), manifests)
+				return nil
+			}
+			fmt.Fprintf(out, "MISMATCH: the kernel differs from %s (- desired, + live):\n", manifests)
+			for _, l := range diff {
+				fmt.Fprintln(out, l)
+			}
+			return exitCode(1)
+		},
+	}
+	dp.register(cmd, false)
+	cmd.Flags().StringVar(&manifests, "manifests", "", "directory of Service and EndpointSlice manifests")
+	return cmd
+}
+
+func newCleanupCommand() *cobra.Command {
+	var dp dataplaneFlags
+	cmd := &cobra.Command{
+		Use:   "cleanup",
+		Short: "Remove everything steelyard created in the kernel, and nothing else",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if dp.mode != "iptables" {
+				return fmt.Errorf("--mode %q: this build supports iptables", dp.mode)
+			}
+			modes := []iptables.Mode{iptables.Mode(dp.iptablesMode)}
+			if dp.iptablesMode == string(iptables.ModeAuto) {
+				// Clean both flavours: rules left in the other one would
+				// still steer traffic.
+				modes = nil
+				for _, m := range []iptables.Mode{iptables.ModeNFT, iptables.ModeLegacy} {
+					if _, err := exec.LookPath("iptables-" + string(m)); err == nil {
+						modes = append(modes, m)
+					}
+				}
+				if len(modes) == 0 {
+					modes = []iptables.Mode{iptables.ModeAuto}
+				}
+			}
+			for _, m := range modes {
+				ipt, _, err := iptables.New(m)
+				if err != nil {
+					return err
+				}
+				if err := iptables.NewProxier(ipt, iptables.Config{}).Cleanup(); err != nil {
+					return fmt.Errorf("cleanup (%s): %w", m, err)
+				}
+			}
+			return nil
+		},
+	}
+	dp.register(cmd, false)
+	return cmd
+}

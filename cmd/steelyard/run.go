@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/spf13/cobra"
+
+	"github.com/steelyard-net/steelyard/controller"
+	"github.com/steelyard-net/steelyard/controller/runner"
+	"github.com/steelyard-net/steelyard/dataplane"
+	"github.com/steelyard-net/steelyard/dataplane/iptables"
+)
+
+var log = logrus.WithField("subsys", "main")
+
+// dataplaneFlags select and configure the dataplane; run, explain, verify
+// and cleanup share them.
+type dataplaneFlags struct {
+	mode          string
+	iptablesMode  string
+	clusterCIDRs  []string
+	masqueradeAll bool
+	masqueradeBit int
+}
+
+func (f *dataplaneFlags) register(cmd *cobra.Command, withConfig bool) {
+	cmd.Flags().StringVar(&f.mode, "mode", "iptables", "dataplane: iptables")
+	cmd.Flags().StringVar(&f.iptablesMode, "iptables-mode", "auto", "iptables flavour: auto (the one the host uses), nft or legacy")
+	if withConfig {
+		cmd.Flags().StringSliceVar(&f.clusterCIDRs, "cluster-cidr", nil, "pod CIDRs; new connections to a VIP from outside them are masqueraded")
+		cmd.Flags().BoolVar(&f.masqueradeAll, "masquerade-all", false, "masquerade every new connection to a VIP")
+		cmd.Flags().IntVar(&f.masqueradeBit, "masquerade-bit", iptables.DefaultMasqueradeBit, "fwmark bit (0-31) that marks packets for masquerading")
+	}
+}
+
+// open returns the dataplane the flags select.
+func (f *dataplaneFlags) open() (dataplane.Dataplane, error) {
+	switch f.mode {
+	case "iptables":
+		var cfg iptables.Config
+		for _, c := range f.clusterCIDRs {
+			p, err := netip.ParsePrefix(c)
+			if err != nil {
+				return nil, fmt.Errorf("--cluster-cidr %q: %w", c, err)
+			}
+			cfg.ClusterCIDRs = append(cfg.ClusterCIDRs, p.Masked())
+		}
+		if f.masqueradeBit < 0 || f.masqueradeBit > 31 {
+			return nil, fmt.Errorf("--masquerade-bit %d: want 0 to 31", f.masqueradeBit)
+		}
+		cfg.MasqueradeAll, cfg.MasqueradeBit = f.masqueradeAll, f.masqueradeBit
+		ipt, mode, err := iptables.New(iptables.Mode(f.iptablesMode))
+		if err != nil {
+			return nil, err
+		}
+		log.WithField("iptables", mode).Debug("using iptables")
+		return iptables.NewProxier(ipt, cfg), nil
+	default:
+		return nil, fmt.Errorf("--mode %q: this build supports iptables", f.mode)
+	}
+}
+
+func newRunCommand() *cobra.Command {
+	var (
+		dp            dataplaneFlags
+		manifests     string
+		syncPeriod    time.Duration
+		minSyncPeriod time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Run the node agent: program the kernel from Services and EndpointSlices",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if manifests == "" {
+				return errors.New("--manifests DIR is required (the cluster source comes in a later release)")
+			}
+			if err := dataplane.SetSysctl("net.ipv4.ip_forward", "1"); err != nil {
+				return err
+			}
+			d, err := dp.open()
+			if err != nil {
+				return err
+			}
+			src := controller.NewManifestSource(manifests)
+			agent := &controller.Agent{Source: src, Builder: controller.NewBuilder(), Dataplane: d, SyncPeriod: syncPeriod}
+
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			r := runner.New(agent.Sync, minSyncPeriod, syncPeriod, 0, nil)
+			go func() {
+				if err := src.Watch(ctx, r.Trigger); err != nil && !errors.Is(err, context.Canceled) {
+					log.WithError(err).Error("watching manifests stopped; only periodic syncs remain")
+				}
+			}()
+			log.WithFields(logrus.Fields{"manifests": manifests, "mode": dp.mode, "version": version}).Info("steelyard starting")
+			r.Run(ctx.Done())
+			// Rules stay in place: connections keep flowing while we are
+			// away, and the next start syncs without flushing.
+			log.Info("stopping; rules left in place")
+			return nil
+		},
+	}
+	dp.register(cmd, true)
+	cmd.Flags().StringVar(&manifests, "manifests", "", "directory of Service and EndpointSlice manifests (YAML or JSON)")
+	cmd.Flags().DurationVar(&syncPeriod, "sync-period", 30*time.Second, "full resync interval; also repairs rules changed by hand")
+	cmd.Flags().DurationVar(&minSyncPeriod, "min-sync-period", 250*time.Millisecond, "minimum time between syncs; bursts of changes merge")
+	return cmd
+}

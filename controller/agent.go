@@ -1,0 +1,101 @@
+package controller
+
+import (
+	"errors"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/utils/clock"
+
+	"github.com/steelyard-net/steelyard/dataplane"
+)
+
+var agentLog = logrus.WithField("subsys", "agent")
+
+// Snapshot is a source that returns every Service and EndpointSlice it
+// knows, plus errors about input it could not read (reported, not fatal).
+type Snapshot interface {
+	Load() ([]*corev1.Service, []*discoveryv1.EndpointSlice, []error)
+}
+
+// Agent is the sync loop's body: source -> Builder -> one Dataplane.Sync.
+// It is the only caller of Dataplane.Sync, so every kernel write happens
+// here, one at a time.
+type Agent struct {
+	Source    Snapshot
+	Builder   *Builder
+	Dataplane dataplane.Dataplane
+	// SyncPeriod is how often a full sync rewrites everything (repairing
+	// hand edits); syncs in between write only what changed.
+	SyncPeriod time.Duration
+	Clock      clock.Clock
+
+	lastFull time.Time
+	problems map[string]bool
+	inputs   map[string]bool
+}
+
+// ErrSync marks a sync that failed in the dataplane.
+var ErrSync = errors.New("sync failed")
+
+// Sync reads the source, builds the desired state and applies it.
+func (a *Agent) Sync() error {
+	clk := a.Clock
+	if clk == nil {
+		clk = clock.RealClock{}
+	}
+	start := clk.Now()
+	svcs, slices, errs := a.Source.Load()
+	a.inputs = reportChanges(a.inputs, errorStrings(errs), "input error", "input error resolved")
+	state, problems := a.Builder.Build(svcs, slices)
+	ps := make([]string, 0, len(problems))
+	for _, p := range problems {
+		ps = append(ps, p.Error())
+	}
+	a.problems = reportChanges(a.problems, ps, "bad input: this object keeps its last valid values; other Services are unaffected", "bad input fixed")
+
+	full := a.lastFull.IsZero() || clk.Since(a.lastFull) >= a.SyncPeriod
+	if err := a.Dataplane.Sync(state, full); err != nil {
+		// The dataplane kept its previous state; the runner retries and the
+		// next attempt is a full sync.
+		a.lastFull = time.Time{}
+		agentLog.WithError(err).Error("sync failed")
+		return errors.Join(ErrSync, err)
+	}
+	if full {
+		a.lastFull = start
+	}
+	agentLog.WithFields(logrus.Fields{
+		"full": full, "services": len(state.Services), "took": clk.Since(start).Round(time.Microsecond).String(),
+	}).Info("synced")
+	return nil
+}
+
+func errorStrings(errs []error) []string {
+	out := make([]string, 0, len(errs))
+	for _, e := range errs {
+		out = append(out, e.Error())
+	}
+	return out
+}
+
+// reportChanges logs messages that are new since the last sync (warning)
+// and those that went away (info), so a standing problem is not logged on
+// every sync.
+func reportChanges(prev map[string]bool, cur []string, newMsg, goneMsg string) map[string]bool {
+	next := make(map[string]bool, len(cur))
+	for _, m := range cur {
+		next[m] = true
+		if !prev[m] {
+			agentLog.WithField("problem", m).Warn(newMsg)
+		}
+	}
+	for m := range prev {
+		if !next[m] {
+			agentLog.WithField("problem", m).Info(goneMsg)
+		}
+	}
+	return next
+}
