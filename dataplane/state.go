@@ -120,11 +120,14 @@ func (s *ServicePort) TotalWeight() float64 {
 }
 
 func sortBackends(bs []Backend) {
-	sort.Slice(bs, func(i, j int) bool {
+	sort.SliceStable(bs, func(i, j int) bool {
 		if c := bs[i].IP.Compare(bs[j].IP); c != 0 {
 			return c < 0
 		}
-		return bs[i].Port < bs[j].Port
+		if bs[i].Port != bs[j].Port {
+			return bs[i].Port < bs[j].Port
+		}
+		return bs[i].Name < bs[j].Name
 	})
 }
 
@@ -136,8 +139,12 @@ type State struct {
 
 // Sort orders the Service ports by name, so renderings are deterministic.
 func (s *State) Sort() {
-	sort.Slice(s.Services, func(i, j int) bool {
-		return s.Services[i].Name.String() < s.Services[j].Name.String()
+	sort.SliceStable(s.Services, func(i, j int) bool {
+		a, b := s.Services[i], s.Services[j]
+		if a.Name != b.Name {
+			return a.Name.String() < b.Name.String()
+		}
+		return a.VIP.String() < b.VIP.String()
 	})
 	for i := range s.Services {
 		sortBackends(s.Services[i].Backends)
