@@ -252,17 +252,42 @@ func (objs *manifestObjects) decode(path string, doc int, raw []byte) error {
 // and the "..data" symlink swap of a mounted ConfigMap. Watch returns nil when
 // ctx is done, or an error if the watch cannot be set up.
 func (m *ManifestSource) Watch(ctx context.Context, changed func()) error {
+	w, err := m.watcher()
+	if err != nil {
+		return err
+	}
+	return m.watchLoop(ctx, w, changed)
+}
+
+// StartWatch is Watch for the agent: the watch is in place when it returns
+// (so a change made right after cannot be missed by the first Load), and
+// the loop goes on in its own goroutine until ctx is done.
+func (m *ManifestSource) StartWatch(ctx context.Context, changed func()) error {
+	w, err := m.watcher()
+	if err != nil {
+		return err
+	}
+	go func() { _ = m.watchLoop(ctx, w, changed) }()
+	return nil
+}
+
+func (m *ManifestSource) watcher() (*fsnotify.Watcher, error) {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
-		return fmt.Errorf("watching manifests: %w", err)
+		return nil, fmt.Errorf("watching manifests: %w", err)
 	}
-	defer w.Close()
 	if err := w.Add(m.dir); err != nil {
-		return fmt.Errorf("watching manifest directory %s: %w", m.dir, err)
+		w.Close()
+		return nil, fmt.Errorf("watching manifest directory %s: %w", m.dir, err)
 	}
 	if m.ready != nil {
 		m.ready()
 	}
+	return w, nil
+}
+
+func (m *ManifestSource) watchLoop(ctx context.Context, w *fsnotify.Watcher, changed func()) error {
+	defer w.Close()
 
 	timer := time.NewTimer(m.debounce)
 	timer.Stop()

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -95,11 +94,11 @@ func newRunCommand() *cobra.Command {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
 			r := runner.New(agent.Sync, minSyncPeriod, syncPeriod, 0, nil)
-			go func() {
-				if err := src.Watch(ctx, r.Trigger); err != nil && !errors.Is(err, context.Canceled) {
-					log.WithError(err).Error("watching manifests stopped; only periodic syncs remain")
-				}
-			}()
+			// The watch is in place before the first Load, so no change
+			// can slip between the two.
+			if err := src.StartWatch(ctx, r.Trigger); err != nil {
+				return err
+			}
 			log.WithFields(logrus.Fields{"manifests": manifests, "mode": dp.mode, "version": version}).Info("steelyard starting")
 			r.Run(ctx.Done())
 			// Rules stay in place: connections keep flowing while we are

@@ -1,0 +1,18 @@
+# steelyard node agent image.
+FROM golang:1.26-bookworm AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+ARG VERSION=dev
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/steelyard ./cmd/steelyard
+
+FROM debian:bookworm-slim
+# iptables brings both flavours (nft and legacy); steelyard detects the one
+# the host uses. conntrack is for operators' debugging.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends iptables conntrack iproute2 \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=build /out/steelyard /usr/local/bin/steelyard
+ENTRYPOINT ["/usr/local/bin/steelyard"]
+CMD ["run"]

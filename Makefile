@@ -1,0 +1,58 @@
+# steelyard: make build | demo | test | bench
+#
+# demo, test and bench need root (network namespaces, iptables). As root
+# they run directly; as another user they elevate with sudo. They install
+# what they need (scripts/install-deps.sh).
+
+SHELL := /bin/bash
+GO ?= go
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X main.version=$(VERSION)
+
+ifeq ($(shell id -u),0)
+ROOT :=
+else
+# Keep the caller's Go toolchain and caches under sudo.
+ROOT := sudo env PATH="$(PATH)" HOME="$(HOME)" GOPATH="$(shell $(GO) env GOPATH)" GOCACHE="$(shell $(GO) env GOCACHE)" GOMODCACHE="$(shell $(GO) env GOMODCACHE)"
+endif
+
+.PHONY: all build deps demo test unit e2e bench fuzz vet clean
+
+all: build
+
+build:
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/steelyard ./cmd/steelyard
+
+deps:
+	$(ROOT) scripts/install-deps.sh
+
+# The demo: a sandbox of network namespaces, steelyard on examples/, real
+# connections through each VIP, observed split beside the configured one.
+demo: deps build
+	$(GO) build -o bin/steelyard-demo ./test/demo
+	$(ROOT) bin/steelyard-demo --steelyard bin/steelyard --examples examples
+
+# Every suite: vet, unit tests (no root), kernel tests (root, in namespaces).
+test: deps build vet unit e2e
+
+vet:
+	$(GO) vet ./...
+	$(GO) vet -tags e2e ./test/...
+
+unit:
+	$(GO) test -count=1 ./...
+
+e2e:
+	$(ROOT) env STEELYARD_BIN=$(CURDIR)/bin/steelyard $(GO) test -tags e2e -count=1 -timeout 30m -v ./test/sandbox/ ./test/e2e/
+
+# Benchmarks print tables; they assert nothing.
+bench: deps build
+	$(GO) test -run '^$$' -bench . -benchmem ./dataplane/...
+	$(ROOT) scripts/bench-iptables.sh
+
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzParseWeights -fuzztime 30s ./controller/
+	$(GO) test -run '^$$' -fuzz FuzzParseSplit -fuzztime 30s ./controller/
+
+clean:
+	rm -rf bin

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what steelyard's demo, tests and benchmarks need on a fresh
+# Debian/Ubuntu machine: iptables (nft and legacy flavours), conntrack and
+# iproute2. Go itself must already be there (see README). Runs as root.
+set -euo pipefail
+
+need=()
+command -v iptables-nft-restore >/dev/null 2>&1 || need+=(iptables)
+command -v iptables-legacy-restore >/dev/null 2>&1 || need+=(iptables)
+command -v conntrack >/dev/null 2>&1 || need+=(conntrack)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+
+if [ ${#need[@]} -eq 0 ]; then
+	exit 0
+fi
+if [ "$(id -u)" != 0 ]; then
+	echo "install-deps: need root to install: ${need[*]}" >&2
+	exit 1
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+	echo "install-deps: please install ${need[*]} with your package manager" >&2
+	exit 1
+fi
+echo "install-deps: installing ${need[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${need[@]}" | sort -u) >/dev/null

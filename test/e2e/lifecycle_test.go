@@ -1,0 +1,369 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/steelyard-net/steelyard/test/sandbox"
+)
+
+func TestEstablishedConnectionSurvivesRestartAndDrain(t *testing.T) {
+	even := webService
+	even.annotations = map[string]string{"steelyard.io/weights": "web-1=1,web-2=1"}
+	f := newFixture(t, "")
+	f.addPods(even)
+	f.write("web.yaml", even)
+	f.start()
+
+	c, err := f.client.Connect(addrPort(even.vip, 80), 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	t.Logf("long-lived connection %s -> %s landed on %s", c.LocalAddr(), c.RemoteAddr(), c.Backend)
+	echo := func(when string) {
+		t.Helper()
+		if err := c.Echo("still there "+when, 2*time.Second); err != nil {
+			t.Fatalf("%s: %v", when, err)
+		}
+	}
+	echo("before anything")
+
+	// Restart: SIGTERM leaves the rules (and conntrack) in place.
+	if err := f.agent.Stop(); err != nil {
+		t.Errorf("agent exit on SIGTERM: %v (want status 0)", err)
+	}
+	echo("with the agent stopped")
+	if out, code := f.verify(); code != 0 {
+		t.Errorf("rules did not survive SIGTERM: verify exit %d:\n%s", code, out)
+	}
+	f.start()
+	echo("after the agent restarted")
+
+	// Drain the connection's backend to weight 0.
+	other := map[string]string{"web-1": "web-2", "web-2": "web-1"}[c.Backend]
+	if other == "" {
+		t.Fatalf("unexpected backend %q", c.Backend)
+	}
+	drained := even
+	drained.annotations = map[string]string{"steelyard.io/weights": c.Backend + "=0," + other + "=1"}
+	f.write("web.yaml", drained)
+	f.waitVerify(5 * time.Second)
+	echo("after its backend was drained to weight 0")
+
+	r, err := f.client.TCPConns(addrPort(even.vip, 80), 500, sandbox.Load{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("new connections after the drain: %s", r)
+	expectShares(t, r, map[string]float64{other: 100}, 0)
+	echo("at the end")
+}
+
+func TestRejectWithoutEndpoints(t *testing.T) {
+	empty := svc{
+		name: "empty", vip: "198.18.0.14", port: 80, targetPort: 8080,
+		extraPorts: []corev1.ServicePort{{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53, TargetPort: intstr.FromInt32(5353)}},
+	}
+	f := newFixture(t, "")
+	f.write("empty.yaml", empty)
+	f.start()
+
+	text, err := f.steelyard(append([]string{"explain"}, f.modeArgs()...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("explain:\n%s", text)
+	for _, port := range []uint16{80, 53} {
+		if v := view(f.explain(), empty.vip, port); v == nil || !v.Reject {
+			t.Errorf("explain %s:%d: %+v, want reject", empty.vip, port, v)
+		}
+	}
+	if !strings.Contains(text, "reject (no endpoints)") {
+		t.Errorf("explain text lacks %q", "reject (no endpoints)")
+	}
+
+	from := map[string]*sandbox.NS{"client": f.client, "node": f.sb.Node}
+	for _, origin := range []string{"client", "node"} {
+		for _, c := range []struct {
+			proto string
+			port  uint16
+		}{{"tcp", 80}, {"udp", 53}} {
+			took, err := from[origin].Dial(c.proto, addrPort(empty.vip, int32(c.port)), time.Second)
+			t.Logf("%s from the %s: %v after %s", c.proto, origin, err, took.Round(time.Microsecond))
+			refused := errors.Is(err, syscall.ECONNREFUSED)
+			if origin == "node" && c.proto == "udp" {
+				// A REJECT in OUTPUT drops the node's own datagram inside
+				// sendmsg, which then fails with EPERM (as with kube-proxy).
+				refused = refused || errors.Is(err, syscall.EPERM)
+			}
+			if !refused {
+				t.Errorf("%s from the %s to %s:%d: %v, want ECONNREFUSED", c.proto, origin, empty.vip, c.port, err)
+			} else if took > 100*time.Millisecond {
+				t.Errorf("%s from the %s: refused after %s, want within 100ms", c.proto, origin, took)
+			}
+		}
+	}
+}
+
+func TestHairpin(t *testing.T) {
+	self := svc{
+		name: "self", vip: "198.18.0.15", port: 80, targetPort: 8080,
+		endpoints: []pod{{"self-1", "198.19.5.2"}},
+	}
+	f := newFixture(t, "")
+	f.addPods(self)
+	f.write("self.yaml", self)
+	f.start()
+
+	p := f.sb.Pod("self-1")
+	r, err := p.NS.TCPConns(addrPort(self.vip, 80), 100, sandbox.Load{Concurrency: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("pod -> own VIP: %s", r)
+	expectShares(t, r, map[string]float64{"self-1": 100}, 0)
+
+	c, err := p.NS.Connect(addrPort(self.vip, 80), 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Echo("hairpin", time.Second); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestResyncOnFileChange(t *testing.T) {
+	f := newFixture(t, "")
+	f.addPods(webService)
+	f.write("web.yaml", webService)
+	f.start()
+
+	change := func(how string, weights string, want map[string]float64, write func()) {
+		t.Helper()
+		start := time.Now()
+		write()
+		for {
+			got := shares(view(f.explain(), webService.vip, 80))
+			if sameShares(got, want) {
+				took := time.Since(start)
+				t.Logf("%s (%s): explain shows %v after %s", how, weights, got, took.Round(time.Millisecond))
+				// The agent promises 1 s; explain polling adds up to ~0.1 s.
+				if took > 1500*time.Millisecond {
+					t.Errorf("%s: re-sync took %s, want about 1s", how, took)
+				}
+				return
+			}
+			if time.Since(start) > 5*time.Second {
+				t.Fatalf("%s: explain still shows %v 5s after the change, want %v", how, got, want)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+
+	half := webService
+	half.annotations = map[string]string{"steelyard.io/weights": "web-1=1,web-2=1"}
+	change("file rewritten in place", "1:1", map[string]float64{"198.19.1.2": 50, "198.19.1.3": 50}, func() {
+		f.write("web.yaml", half)
+	})
+
+	quarter := webService
+	quarter.annotations = map[string]string{"steelyard.io/weights": "web-1=3,web-2=1"}
+	change("file replaced by rename", "3:1", map[string]float64{"198.19.1.2": 75, "198.19.1.3": 25}, func() {
+		f.write(".web.yaml.tmp", quarter)
+		if err := os.Rename(filepath.Join(f.dir, ".web.yaml.tmp"), filepath.Join(f.dir, "web.yaml")); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func TestExplainVerifyAndRepair(t *testing.T) {
+	f := newFixture(t, "")
+	// Without --cluster-cidr the Service chain holds only endpoint rules,
+	// so rule 1 is the 10% endpoint's.
+	f.noClusterCIDR = true
+	f.addPods(webService)
+	f.write("web.yaml", webService)
+	f.start("--sync-period", "1s")
+
+	text, err := f.steelyard(append([]string{"explain"}, f.modeArgs()...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("explain:\n%s", text)
+	line := ""
+	for _, l := range strings.Split(text, "\n") {
+		if strings.HasPrefix(l, "198.18.0.10:80/TCP") {
+			line = l
+		}
+	}
+	for _, want := range []string{"198.19.1.2:8080 10.00%", "198.19.1.3:8080 90.00%", "e2e/web:tcp"} {
+		if !strings.Contains(line, want) {
+			t.Errorf("explain line %q lacks %q", line, want)
+		}
+	}
+	if out, code := f.verify(); code != 0 {
+		t.Fatalf("verify: exit %d:\n%s", code, out)
+	}
+
+	save, err := f.sb.Node.Exec(iptablesCmd(f.mode, "iptables-save"), "-t", "nat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`-A STEELYARD-SERVICES .*"e2e/web:tcp".* -j (STEELYARD-SVC-[A-Z0-9]+)`).FindStringSubmatch(save)
+	if m == nil {
+		t.Fatalf("no Service chain for e2e/web:tcp in:\n%s", save)
+	}
+	chain := m[1]
+	rules, err := f.sb.Node.Exec(iptablesCmd(f.mode, "iptables"), "-t", "nat", "-S", chain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s before:\n%s", chain, rules)
+
+	// The agent re-syncs every second, so it may repair the rule before
+	// verify runs; try a few times to catch the broken state.
+	var out string
+	code := 0
+	for try := 1; try <= 5 && code == 0; try++ {
+		if _, err := f.sb.Node.Exec(iptablesCmd(f.mode, "iptables"), "-t", "nat", "-D", chain, "1"); err != nil {
+			t.Fatal(err)
+		}
+		out, code = f.verify()
+	}
+	t.Logf("verify after `iptables -t nat -D %s 1`: exit %d:\n%s", chain, code, out)
+	if code != 1 {
+		t.Fatalf("verify exit %d after a rule was deleted, want 1", code)
+	}
+	if !strings.Contains(out, "198.18.0.10:80/TCP") {
+		t.Errorf("verify output does not name the broken VIP")
+	}
+
+	start := time.Now()
+	f.waitVerify(5 * time.Second)
+	t.Logf("repaired by the periodic sync after %s", time.Since(start).Round(time.Millisecond))
+}
+
+func TestCleanupRemovesOnlySteelyard(t *testing.T) {
+	modes := []string{""}
+	if hasIPTablesMode {
+		modes = []string{"nft", "legacy"}
+	}
+	for _, mode := range modes {
+		t.Run(map[string]string{"": "default", "nft": "nft", "legacy": "legacy"}[mode], func(t *testing.T) {
+			f := newFixture(t, mode)
+			f.addPods(webService)
+			f.write("web.yaml", webService)
+
+			ipt := func(args ...string) {
+				t.Helper()
+				if _, err := f.sb.Node.Exec(append([]string{iptablesCmd(mode, "iptables")}, args...)...); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Someone else's rules, in both tables the agent writes.
+			ipt("-t", "nat", "-N", "FOREIGN-NAT")
+			ipt("-t", "nat", "-A", "FOREIGN-NAT", "-d", "198.18.1.1/32", "-j", "RETURN")
+			ipt("-t", "nat", "-A", "PREROUTING", "-m", "comment", "--comment", "foreign", "-j", "FOREIGN-NAT")
+			ipt("-t", "nat", "-A", "POSTROUTING", "-s", "198.19.200.0/24", "-j", "MASQUERADE")
+			ipt("-t", "filter", "-A", "FORWARD", "-d", "198.18.1.2/32", "-m", "comment", "--comment", "foreign", "-j", "ACCEPT")
+			before := f.rules(mode)
+
+			f.start()
+			if err := f.agent.Stop(); err != nil {
+				t.Errorf("agent exit on SIGTERM: %v", err)
+			}
+			during := f.rules(mode)
+			if !strings.Contains(strings.Join(during, "\n"), "STEELYARD-") {
+				t.Fatal("no STEELYARD rules left after SIGTERM (they should stay)")
+			}
+
+			if out, err := f.steelyard(append([]string{"cleanup"}, f.modeArgs()...)...); err != nil {
+				t.Fatalf("cleanup: %v\n%s", err, out)
+			}
+			after := f.rules(mode)
+			if diff := diffLines(before, after); diff != "" {
+				t.Errorf("rules after cleanup differ from before the agent ran:\n%s", diff)
+			}
+			for _, flavour := range []string{"nft", "legacy"} {
+				out, err := f.sb.Node.Exec(iptablesCmd(flavour, "iptables-save"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if strings.Contains(out, "STEELYARD") {
+					t.Errorf("iptables-%s-save still shows STEELYARD after cleanup:\n%s", flavour, out)
+				}
+			}
+			t.Logf("cleanup kept the %d foreign rules and chains and removed %d STEELYARD lines", len(after), len(during)-len(after))
+
+			// Idempotent: a second cleanup is fine.
+			if out, err := f.steelyard(append([]string{"cleanup"}, f.modeArgs()...)...); err != nil {
+				t.Errorf("second cleanup: %v\n%s", err, out)
+			}
+		})
+	}
+}
+
+// rules returns the rules and user chains of the node namespace
+// ("table: line"), without counters, comments and built-in chain policies,
+// sorted.
+func (f *fixture) rules(mode string) []string {
+	f.t.Helper()
+	out, err := f.sb.Node.Exec(iptablesCmd(mode, "iptables-save"))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var lines []string
+	table := ""
+	for _, l := range strings.Split(out, "\n") {
+		switch {
+		case strings.HasPrefix(l, "*"):
+			table = l[1:]
+		case strings.HasPrefix(l, "-A "):
+			lines = append(lines, table+": "+l)
+		case strings.HasPrefix(l, ":"):
+			// ":CHAIN POLICY [counters]"; user chains have policy "-".
+			if fields := strings.Fields(l); len(fields) >= 2 && fields[1] == "-" {
+				lines = append(lines, table+": "+fields[0])
+			}
+		}
+	}
+	sort.Strings(lines)
+	return lines
+}
+
+// diffLines returns "- line" for lines only in a and "+ line" for lines only in b.
+func diffLines(a, b []string) string {
+	count := map[string]int{}
+	for _, l := range a {
+		count[l]++
+	}
+	for _, l := range b {
+		count[l]--
+	}
+	var out []string
+	for l, n := range count {
+		switch {
+		case n > 0:
+			out = append(out, fmt.Sprintf("- %s", l))
+		case n < 0:
+			out = append(out, fmt.Sprintf("+ %s", l))
+		}
+	}
+	sort.Strings(out)
+	return strings.Join(out, "\n")
+}
