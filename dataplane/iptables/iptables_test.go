@@ -346,9 +346,20 @@ func TestFullSyncRepairsHandEditsAndRemovesStrayChains(t *testing.T) {
 	if err := p.Sync(state, false); err != nil {
 		t.Fatal(err)
 	}
-	// ...the periodic full one repairs it.
+	// ...the periodic full one repairs it, rewriting only that chain.
 	if err := p.Sync(state, true); err != nil {
 		t.Fatal(err)
+	}
+	if st := p.LastSync; !st.Full || st.ChainsWritten != 1 || st.ChainsDeleted != 0 {
+		t.Errorf("repair stats %+v, want one chain written", st)
+	}
+	// A full sync over an intact kernel writes nothing.
+	restores := f.Restores
+	if err := p.Sync(state, true); err != nil {
+		t.Fatal(err)
+	}
+	if f.Restores != restores {
+		t.Errorf("a full sync over an intact kernel ran iptables-restore:\n%s", f.LastRestore)
 	}
 	if diff := dataplane.Diff(dataplane.Expected(state), mustViews(t, f)); len(diff) > 0 {
 		t.Errorf("still differs after a full sync:\n%s", strings.Join(diff, "\n"))
@@ -362,6 +373,24 @@ func mustViews(t *testing.T, f *Fake) []dataplane.ServiceView {
 		t.Fatal(err)
 	}
 	return v
+}
+
+func TestSameRuleToleratesSaveFormatting(t *testing.T) {
+	rendered := `-m comment --comment "demo/web:http -> 198.19.1.2:8080 weight 10" -m statistic --mode random --probability 0.1000000000 -j STEELYARD-SEP-X`
+	saved := `-m comment --comment "demo/web:http -> 198.19.1.2:8080 weight 10" -m statistic --mode random --probability 0.10000000009 -j STEELYARD-SEP-X`
+	if !sameRule(saved, rendered) {
+		t.Error("kernel rounding of the probability counted as a difference")
+	}
+	if !sameRule(`-p tcp -m comment --comment demo/web:http -m tcp -j DNAT --to-destination 198.19.1.2:8080`,
+		`-p tcp -m comment --comment "demo/web:http" -m tcp -j DNAT --to-destination 198.19.1.2:8080`) {
+		t.Error("quoting counted as a difference")
+	}
+	if sameRule(strings.Replace(saved, "0.10000000009", "0.2000000000", 1), rendered) {
+		t.Error("a different probability counted as equal")
+	}
+	if sameRule(`-j STEELYARD-SEP-X`, `-j STEELYARD-SEP-Y`) {
+		t.Error("a different target counted as equal")
+	}
 }
 
 func TestMissingJumpShowsInExplain(t *testing.T) {

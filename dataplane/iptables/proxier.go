@@ -7,6 +7,8 @@ package iptables
 
 import (
 	"fmt"
+	"math"
+	"strconv"
 	"slices"
 	"strings"
 	"time"
@@ -70,8 +72,10 @@ func NewProxier(ipt Interface, cfg Config) *Proxier {
 
 // Sync applies s in one iptables-restore. A partial Sync writes only the
 // chains whose rules changed since the last successful Sync and deletes the
-// chains that are gone; a full Sync also ensures the jumps from built-in
-// chains and rewrites every steelyard chain, repairing hand edits.
+// chains that are gone. A full Sync trusts no memory: it ensures the jumps
+// from built-in chains, reads the live ruleset, and rewrites every steelyard
+// chain that differs from the desired one (repairing hand edits) and
+// deletes every steelyard chain that should not exist.
 func (p *Proxier) Sync(s dataplane.State, full bool) error {
 	start := time.Now()
 	desired := Render(s, p.cfg)
@@ -99,7 +103,15 @@ func (p *Proxier) Sync(s dataplane.State, full bool) error {
 			return fmt.Errorf("parse iptables-save: %w", err)
 		}
 		for _, t := range desired.Tables() {
-			write[t] = append(write[t], desired.Chains(t)...)
+			// Rewrite only the chains that differ from the kernel: this
+			// repairs hand edits and stale state without paying for a
+			// whole-ruleset restore (iptables-nft's restore time grows with
+			// jumps x chains: minutes at 10,000 Services).
+			for _, c := range desired.Chains(t) {
+				if !sameRules(live.Chain(t, c), desired.RulesOf(t, c)) {
+					write[t] = append(write[t], c)
+				}
+			}
 			for _, c := range live.SteelyardChains(t) {
 				if !desired.Has(t, c) {
 					remove[t] = append(remove[t], c)
@@ -218,4 +230,48 @@ func (p *Proxier) Cleanup() error {
 	}
 	log.WithField("chains", n).Info("removed steelyard chains")
 	return nil
+}
+
+// sameRules reports whether a live chain holds exactly the desired rules.
+// iptables-save prints what we wrote with small differences (quotes only
+// where needed, probabilities from the kernel's 31-bit fixed point), so
+// rules are compared token by token and probabilities by value.
+func sameRules(live *SavedChain, desired []string) bool {
+	if live == nil || len(live.Rules) != len(desired) {
+		return false
+	}
+	for i, r := range live.Rules {
+		if !sameRule(r.Text, desired[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// probabilityTolerance covers the kernel's rounding of p to 31 bits.
+const probabilityTolerance = 1e-9
+
+func sameRule(a, b string) bool {
+	if a == b {
+		return true
+	}
+	ta, errA := tokenize(a)
+	tb, errB := tokenize(b)
+	if errA != nil || errB != nil || len(ta) != len(tb) {
+		return false
+	}
+	for i := range ta {
+		if ta[i] == tb[i] {
+			continue
+		}
+		if i == 0 || ta[i-1] != "--probability" {
+			return false
+		}
+		pa, errA := strconv.ParseFloat(ta[i], 64)
+		pb, errB := strconv.ParseFloat(tb[i], 64)
+		if errA != nil || errB != nil || math.Abs(pa-pb) > probabilityTolerance {
+			return false
+		}
+	}
+	return true
 }
