@@ -20,6 +20,9 @@ type ServiceView struct {
 	Port     uint16        `json:"port"`
 	Protocol Protocol      `json:"protocol"`
 	Backends []BackendView `json:"backends"`
+	// Problems are defects the reader found in the live rules that shares
+	// do not show (a hairpin connection that is not masqueraded, ...).
+	Problems []string `json:"problems,omitempty"`
 	// Reject is true when new connections are refused (no usable endpoint).
 	// A view with no backends and no Reject describes a VIP whose packets the
 	// kernel passes on unchanged: a broken or half-removed ruleset.
@@ -137,6 +140,11 @@ func WriteViews(w io.Writer, views []ServiceView, format string) error {
 			if _, err := fmt.Fprintln(w, v.Line()); err != nil {
 				return err
 			}
+			for _, p := range v.Problems {
+				if _, err := fmt.Fprintln(w, "    ! "+p); err != nil {
+					return err
+				}
+			}
 		}
 		return nil
 	default:
@@ -178,6 +186,11 @@ func Diff(want, live []ServiceView) []string {
 			out = append(out, "+ "+l.Line()+"   (not in the desired state)")
 		case !sameView(w, l):
 			out = append(out, "- "+w.Line(), "+ "+l.Line())
+		}
+		if inLive {
+			for _, p := range l.Problems {
+				out = append(out, "! "+l.Key()+": "+p)
+			}
 		}
 	}
 	return out

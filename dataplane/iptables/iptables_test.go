@@ -496,3 +496,33 @@ COMMIT
 		t.Errorf("line\n got %q\nwant %q", got, want)
 	}
 }
+
+func TestExplainReportsBrokenHairpin(t *testing.T) {
+	web := svcPort("ns", "web", "http", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2", 80, 1), be("198.19.1.3", 80, 1))
+	state := dataplane.State{Services: []dataplane.ServicePort{web}}
+	for name, breakIt := range map[string]func(f *Fake) error{
+		"hairpin rule deleted": func(f *Fake) error {
+			return f.DeleteRuleAt(TableNAT, EndpointChain(web.Name, dataplane.TCP, web.Backends[0]), 1)
+		},
+		"postrouting flushed": func(f *Fake) error {
+			return f.Restore([]byte("*nat\n:STEELYARD-POSTROUTING - [0:0]\nCOMMIT\n"))
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f, views := syncAndView(t, state)
+			if p := views["ns/web:http"].Problems; len(p) != 0 {
+				t.Fatalf("problems on intact rules: %v", p)
+			}
+			if err := breakIt(f); err != nil {
+				t.Fatal(err)
+			}
+			live := mustViews(t, f)
+			if len(live) != 1 || len(live[0].Problems) == 0 {
+				t.Fatalf("no problem reported: %+v", live)
+			}
+			if diff := dataplane.Diff(dataplane.Expected(state), live); len(diff) == 0 {
+				t.Error("verify would pass")
+			}
+		})
+	}
+}

@@ -19,8 +19,8 @@ type Packet struct {
 type Outcome struct {
 	// Probability is the share of new connections (0..1) with this outcome.
 	Probability float64
-	// Verdict is the terminating target: DNAT, ACCEPT (including a built-in
-	// chain's policy and MASQUERADE), DROP or REJECT.
+	// Verdict is the terminating target: DNAT, MASQUERADE, SNAT, ACCEPT
+	// (also a built-in chain's policy), DROP or REJECT.
 	Verdict string
 	// DNAT is the destination after DNAT, if Verdict is DNAT.
 	DNAT netip.AddrPort
@@ -130,9 +130,7 @@ func (tr *tracer) target(r *Rule, b branch, p Packet, depth int) ([]Outcome, []c
 		return nil, []continuation{{branch: b}}, nil
 	case "RETURN":
 		return nil, []continuation{{branch: b, returned: true}}, nil
-	case "ACCEPT", "MASQUERADE", "SNAT":
-		return []Outcome{{Probability: b.mass, Verdict: "ACCEPT", Mark: b.mark}}, nil, nil
-	case "DROP", "REJECT":
+	case "ACCEPT", "DROP", "REJECT", "MASQUERADE", "SNAT":
 		return []Outcome{{Probability: b.mass, Verdict: r.Jump, Mark: b.mark}}, nil, nil
 	case "DNAT":
 		to, err := netip.ParseAddrPort(r.TargetArgs["--to-destination"])

@@ -256,6 +256,21 @@ func TestExplainVerifyAndRepair(t *testing.T) {
 	start := time.Now()
 	f.waitVerify(5 * time.Second)
 	t.Logf("repaired by the periodic sync after %s", time.Since(start).Round(time.Millisecond))
+
+	// Breaking masquerading does not change any share, but it breaks
+	// hairpin connections: verify must notice that too.
+	code = 0
+	for try := 1; try <= 5 && code == 0; try++ {
+		if _, err := f.sb.Node.Exec(iptablesCmd(f.mode, "iptables"), "-t", "nat", "-F", "STEELYARD-POSTROUTING"); err != nil {
+			t.Fatal(err)
+		}
+		out, code = f.verify()
+	}
+	t.Logf("verify after `iptables -t nat -F STEELYARD-POSTROUTING`: exit %d:\n%s", code, out)
+	if code != 1 || !strings.Contains(out, "hairpin") {
+		t.Fatalf("verify exit %d after masquerading was flushed, want 1 with a hairpin problem", code)
+	}
+	f.waitVerify(5 * time.Second)
 }
 
 func TestCleanupRemovesOnlySteelyard(t *testing.T) {
