@@ -177,7 +177,8 @@ func TestCloseRemovesEverything(t *testing.T) {
 	if _, err := s.AddPod("p", podA, 8080); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.AddPod("bad", netip.MustParseAddr("10.1.2.3"), 8080); err == nil {
+	// A documentation-range address (TEST-NET-1): never configured, only refused.
+	if _, err := s.AddPod("bad", netip.MustParseAddr("192.0.2.3"), 8080); err == nil {
 		t.Error("AddPod accepted an address outside 198.19.0.0/16")
 	}
 	if _, err := s.Node.TCPConns(netip.MustParseAddrPort("127.0.0.1:80"), 1, Load{}); err == nil {
