@@ -13,6 +13,7 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 if [ ${#need[@]} -eq 0 ]; then
 	exit 0
 fi
+mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
 if [ "$(id -u)" != 0 ]; then
 	echo "install-deps: need root to install: ${need[*]}" >&2
 	exit 1
@@ -24,4 +25,4 @@ fi
 echo "install-deps: installing ${need[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${need[@]}" | sort -u) >/dev/null
+apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
