@@ -24,7 +24,10 @@ type Snapshot interface {
 // It is the only caller of Dataplane.Sync, so every kernel write happens
 // here, one at a time.
 type Agent struct {
-	Source    Snapshot
+	Source Snapshot
+	// Tracker, when the source has one, is drained at the start of each
+	// sync: events after that point trigger the next sync.
+	Tracker   *ChangeTracker
 	Builder   *Builder
 	Dataplane dataplane.Dataplane
 	// SyncPeriod is how often a full sync rewrites everything (repairing
@@ -47,6 +50,10 @@ func (a *Agent) Sync() error {
 		clk = clock.RealClock{}
 	}
 	start := clk.Now()
+	changed := -1
+	if a.Tracker != nil {
+		changed = len(a.Tracker.Drain())
+	}
 	svcs, slices, errs := a.Source.Load()
 	a.inputs = reportChanges(a.inputs, errorStrings(errs), "input error", "input error resolved")
 	state, problems := a.Builder.Build(svcs, slices)
@@ -68,7 +75,7 @@ func (a *Agent) Sync() error {
 		a.lastFull = start
 	}
 	agentLog.WithFields(logrus.Fields{
-		"full": full, "services": len(state.Services), "took": clk.Since(start).Round(time.Microsecond).String(),
+		"full": full, "services": len(state.Services), "changed": changed, "took": clk.Since(start).Round(time.Microsecond).String(),
 	}).Info("synced")
 	return nil
 }

@@ -1,15 +1,21 @@
 package main
 
 import (
-	"errors"
+	"context"
 	"fmt"
 	"net/netip"
+	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
+	"github.com/bombsimon/logrusr/v4"
 	"github.com/sirupsen/logrus"
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 
 	"github.com/steelyard-net/steelyard/controller"
 	"github.com/steelyard-net/steelyard/controller/runner"
@@ -70,6 +76,9 @@ func newRunCommand() *cobra.Command {
 	var (
 		dp            dataplaneFlags
 		manifests     string
+		kubeconfig    string
+		nodeName      string
+		proxyName     string
 		syncPeriod    time.Duration
 		minSyncPeriod time.Duration
 	)
@@ -78,9 +87,6 @@ func newRunCommand() *cobra.Command {
 		Short: "Run the node agent: program the kernel from Services and EndpointSlices",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if manifests == "" {
-				return errors.New("--manifests DIR is required (the cluster source comes in a later release)")
-			}
 			if err := dataplane.SetSysctl("net.ipv4.ip_forward", "1"); err != nil {
 				return err
 			}
@@ -88,18 +94,30 @@ func newRunCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			src := controller.NewManifestSource(manifests)
-			agent := &controller.Agent{Source: src, Builder: controller.NewBuilder(), Dataplane: d, SyncPeriod: syncPeriod}
-
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
+			agent := &controller.Agent{Builder: controller.NewBuilder(), Dataplane: d, SyncPeriod: syncPeriod}
 			r := runner.New(agent.Sync, minSyncPeriod, syncPeriod, 0, nil)
-			// The watch is in place before the first Load, so no change
-			// can slip between the two.
-			if err := src.StartWatch(ctx, r.Trigger); err != nil {
-				return err
+
+			fields := logrus.Fields{"mode": dp.mode, "version": version, "node": nodeName}
+			if manifests != "" {
+				src := controller.NewManifestSource(manifests)
+				agent.Source = src
+				// The watch is in place before the first Load, so no
+				// change can slip between the two.
+				if err := src.StartWatch(ctx, r.Trigger); err != nil {
+					return err
+				}
+				fields["manifests"] = manifests
+			} else {
+				src, err := startClusterSource(ctx, kubeconfig, proxyName, r.Trigger)
+				if err != nil {
+					return err
+				}
+				agent.Source, agent.Tracker = src, src.Tracker
+				fields["kubeconfig"], fields["service-proxy-name"] = kubeconfig, proxyName
 			}
-			log.WithFields(logrus.Fields{"manifests": manifests, "mode": dp.mode, "version": version}).Info("steelyard starting")
+			log.WithFields(fields).Info("steelyard starting")
 			r.Run(ctx.Done())
 			// Rules stay in place: connections keep flowing while we are
 			// away, and the next start syncs without flushing.
@@ -108,8 +126,51 @@ func newRunCommand() *cobra.Command {
 		},
 	}
 	dp.register(cmd, true)
-	cmd.Flags().StringVar(&manifests, "manifests", "", "directory of Service and EndpointSlice manifests (YAML or JSON)")
+	cmd.Flags().StringVar(&manifests, "manifests", "", "directory of Service and EndpointSlice manifests (YAML or JSON); without it, the API server is the source")
+	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the API server (in-cluster config when empty)")
+	cmd.Flags().StringVar(&nodeName, "node-name", defaultNodeName(), "this node's name (default: $NODE_NAME, else the hostname)")
+	cmd.Flags().StringVar(&proxyName, "service-proxy-name", "", "handle only Services labelled service.kubernetes.io/service-proxy-name=<this> (run beside kube-proxy); empty: every Service without that label")
 	cmd.Flags().DurationVar(&syncPeriod, "sync-period", 30*time.Second, "full resync interval; also repairs rules changed by hand")
 	cmd.Flags().DurationVar(&minSyncPeriod, "min-sync-period", 250*time.Millisecond, "minimum time between syncs; bursts of changes merge")
 	return cmd
+}
+
+func defaultNodeName() string {
+	if n := os.Getenv("NODE_NAME"); n != "" {
+		return n
+	}
+	n, _ := os.Hostname()
+	return n
+}
+
+// startClusterSource connects to the API server and starts the informers;
+// it returns once their caches are filled.
+func startClusterSource(ctx context.Context, kubeconfig, proxyName string, changed func()) (*controller.ClusterSource, error) {
+	// client-go logs through klog; send it to logrus like everything else.
+	klog.SetLogger(logrusr.New(logrus.WithField("subsys", "client-go")))
+	var (
+		cfg *rest.Config
+		err error
+	)
+	if kubeconfig == "" {
+		cfg, err = rest.InClusterConfig()
+	} else {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("API server config: %w", err)
+	}
+	cfg.UserAgent = "steelyard/" + version
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	src, err := controller.NewClusterSource(client, controller.ClusterOptions{ServiceProxyName: proxyName})
+	if err != nil {
+		return nil, err
+	}
+	if err := src.Start(ctx, changed); err != nil {
+		return nil, fmt.Errorf("watching the API server: %w", err)
+	}
+	return src, nil
 }

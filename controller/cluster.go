@@ -1,0 +1,161 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	discoverylisters "k8s.io/client-go/listers/discovery/v1"
+	"k8s.io/client-go/tools/cache"
+)
+
+// LabelServiceProxyName is the label that hands a Service to a proxy other
+// than the cluster's default one (kube-proxy skips labelled Services).
+const LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+
+// labelHeadless marks the EndpointSlices of headless Services; no proxy
+// needs them.
+const labelHeadless = "service.kubernetes.io/headless"
+
+// ClusterOptions choose which Services a ClusterSource sees.
+type ClusterOptions struct {
+	// ServiceProxyName, when set, selects only Services (and slices)
+	// labelled service.kubernetes.io/service-proxy-name=<it>, so steelyard
+	// runs beside kube-proxy; when empty, every Service without that label
+	// (steelyard replaces kube-proxy).
+	ServiceProxyName string
+	// ResyncPeriod is the informers' resync period (0: none).
+	ResyncPeriod time.Duration
+}
+
+// ClusterSource watches Services and EndpointSlices of the API server with
+// shared informers. Events go through a ChangeTracker; only real changes
+// call the onChange hook (which pokes the sync runner).
+type ClusterSource struct {
+	factory  informers.SharedInformerFactory
+	services corelisters.ServiceLister
+	slices   discoverylisters.EndpointSliceLister
+	Tracker  *ChangeTracker
+	selector labels.Selector
+}
+
+// NewClusterSource returns a source over client; Start begins the watch.
+func NewClusterSource(client kubernetes.Interface, opts ClusterOptions) (*ClusterSource, error) {
+	sel, err := proxySelector(opts.ServiceProxyName)
+	if err != nil {
+		return nil, err
+	}
+	f := informers.NewSharedInformerFactoryWithOptions(client, opts.ResyncPeriod,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel.String() }))
+	return &ClusterSource{
+		factory:  f,
+		services: f.Core().V1().Services().Lister(),
+		slices:   f.Discovery().V1().EndpointSlices().Lister(),
+		Tracker:  NewChangeTracker(),
+		selector: sel,
+	}, nil
+}
+
+// proxySelector is kube-proxy's selection: no headless slices, and the
+// service-proxy-name label absent (or equal to ours).
+func proxySelector(proxyName string) (labels.Selector, error) {
+	noHeadless, err := labels.NewRequirement(labelHeadless, selection.DoesNotExist, nil)
+	if err != nil {
+		return nil, err
+	}
+	var byName *labels.Requirement
+	if proxyName == "" {
+		byName, err = labels.NewRequirement(LabelServiceProxyName, selection.DoesNotExist, nil)
+	} else {
+		byName, err = labels.NewRequirement(LabelServiceProxyName, selection.Equals, []string{proxyName})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--service-proxy-name %q: %w", proxyName, err)
+	}
+	return labels.NewSelector().Add(*noHeadless, *byName), nil
+}
+
+// Start registers the event handlers, starts the informers and waits until
+// their caches hold the API server's state, so the first sync sees
+// everything. onChange is called after each real change.
+func (c *ClusterSource) Start(ctx context.Context, onChange func()) error {
+	svcHandler := cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if s, ok := obj.(*corev1.Service); ok && c.Tracker.ServiceChanged(nil, s) {
+				onChange()
+			}
+		},
+		UpdateFunc: func(oldObj, newObj any) {
+			o, ok1 := oldObj.(*corev1.Service)
+			n, ok2 := newObj.(*corev1.Service)
+			if ok1 && ok2 && c.Tracker.ServiceChanged(o, n) {
+				onChange()
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if s, ok := obj.(*corev1.Service); ok && c.Tracker.ServiceChanged(s, nil) {
+				onChange()
+			}
+		},
+	}
+	sliceHandler := cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if s, ok := obj.(*discoveryv1.EndpointSlice); ok && c.Tracker.SliceChanged(nil, s) {
+				onChange()
+			}
+		},
+		UpdateFunc: func(oldObj, newObj any) {
+			o, ok1 := oldObj.(*discoveryv1.EndpointSlice)
+			n, ok2 := newObj.(*discoveryv1.EndpointSlice)
+			if ok1 && ok2 && c.Tracker.SliceChanged(o, n) {
+				onChange()
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if s, ok := obj.(*discoveryv1.EndpointSlice); ok && c.Tracker.SliceChanged(s, nil) {
+				onChange()
+			}
+		},
+	}
+	if _, err := c.factory.Core().V1().Services().Informer().AddEventHandler(svcHandler); err != nil {
+		return err
+	}
+	if _, err := c.factory.Discovery().V1().EndpointSlices().Informer().AddEventHandler(sliceHandler); err != nil {
+		return err
+	}
+	c.factory.Start(ctx.Done())
+	for typ, ok := range c.factory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("informer cache for %v did not sync", typ)
+		}
+	}
+	return nil
+}
+
+// Load returns every Service and EndpointSlice the informers hold. The
+// objects are the informers' own: callers must not modify them.
+func (c *ClusterSource) Load() ([]*corev1.Service, []*discoveryv1.EndpointSlice, []error) {
+	svcs, err := c.services.List(labels.Everything())
+	if err != nil {
+		return nil, nil, []error{err}
+	}
+	slices, err := c.slices.List(labels.Everything())
+	if err != nil {
+		return nil, nil, []error{err}
+	}
+	return svcs, slices, nil
+}
