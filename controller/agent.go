@@ -34,10 +34,14 @@ type Agent struct {
 	// hand edits); syncs in between write only what changed.
 	SyncPeriod time.Duration
 	Clock      clock.Clock
+	// Metrics and Health, when set, are updated after each sync.
+	Metrics *Metrics
+	Health  *Health
 
-	lastFull time.Time
-	problems map[string]bool
-	inputs   map[string]bool
+	lastFull      time.Time
+	retryTriggers []time.Time
+	problems      map[string]bool
+	inputs        map[string]bool
 }
 
 // ErrSync marks a sync that failed in the dataplane.
@@ -51,8 +55,12 @@ func (a *Agent) Sync() error {
 	}
 	start := clk.Now()
 	changed := -1
+	var drained Drained
 	if a.Tracker != nil {
-		changed = len(a.Tracker.Drain())
+		drained = a.Tracker.Drain()
+		changed = len(drained.Services)
+		drained.Triggers = append(drained.Triggers, a.retryTriggers...)
+		a.retryTriggers = nil
 	}
 	svcs, slices, errs := a.Source.Load()
 	a.inputs = reportChanges(a.inputs, errorStrings(errs), "input error", "input error resolved")
@@ -68,15 +76,24 @@ func (a *Agent) Sync() error {
 		// The dataplane kept its previous state; the runner retries and the
 		// next attempt is a full sync.
 		a.lastFull = time.Time{}
+		// Those endpoint changes are still to be programmed: count their
+		// latency when a sync finally succeeds.
+		a.retryTriggers = drained.Triggers
+		if a.Metrics != nil {
+			a.Metrics.SyncFailures.Inc()
+		}
 		agentLog.WithError(err).Error("sync failed")
 		return errors.Join(ErrSync, err)
 	}
 	if full {
 		a.lastFull = start
 	}
-	agentLog.WithFields(logrus.Fields{
-		"full": full, "services": len(state.Services), "changed": changed, "took": clk.Since(start).Round(time.Microsecond).String(),
-	}).Info("synced")
+	a.observe(state, drained, full, start, len(problems)+len(errs))
+	fields := logrus.Fields{"full": full, "services": len(state.Services), "took": clk.Since(start).Round(time.Microsecond).String()}
+	if changed >= 0 {
+		fields["changed"] = changed
+	}
+	agentLog.WithFields(fields).Info("synced")
 	return nil
 }
 
@@ -105,4 +122,38 @@ func reportChanges(prev map[string]bool, cur []string, newMsg, goneMsg string) m
 		}
 	}
 	return next
+}
+
+// observe updates metrics and health after a successful sync.
+func (a *Agent) observe(state dataplane.State, drained Drained, full bool, start time.Time, bad int) {
+	clk := a.Clock
+	if clk == nil {
+		clk = clock.RealClock{}
+	}
+	if a.Health != nil {
+		a.Health.Synced()
+	}
+	m := a.Metrics
+	if m == nil {
+		return
+	}
+	now := clk.Now()
+	took := now.Sub(start).Seconds()
+	m.SyncDuration.Observe(took)
+	if full {
+		m.FullSyncDuration.Observe(took)
+	} else {
+		m.PartialSyncDuration.Observe(took)
+	}
+	for _, t := range drained.Triggers {
+		m.NetworkProgramming.Observe(now.Sub(t).Seconds())
+	}
+	m.LastSyncTimestamp.Set(float64(now.UnixNano()) / 1e9)
+	endpoints := 0
+	for i := range state.Services {
+		endpoints += len(state.Services[i].Active())
+	}
+	m.ProgrammedServices.Set(float64(len(state.Services)))
+	m.ProgrammedEndpoints.Set(float64(endpoints))
+	m.InvalidAnnotations.Set(float64(bad))
 }

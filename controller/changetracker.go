@@ -2,6 +2,7 @@ package controller
 
 import (
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -20,7 +21,7 @@ import (
 type ChangeTracker struct {
 	mu      sync.Mutex
 	changes map[objectKey]*change
-	total   int
+	total   map[string]int
 }
 
 type objectKey struct {
@@ -31,11 +32,14 @@ type objectKey struct {
 type change struct {
 	service           types.NamespacedName
 	previous, current any // nil: absent
+	// triggers are the EndpointSlice's last-change-trigger-times seen since
+	// the last sync, for the network programming latency metric.
+	triggers []time.Time
 }
 
 // NewChangeTracker returns an empty tracker.
 func NewChangeTracker() *ChangeTracker {
-	return &ChangeTracker{changes: map[objectKey]*change{}}
+	return &ChangeTracker{changes: map[objectKey]*change{}, total: map[string]int{}}
 }
 
 // ServiceChanged records an informer event for a Service (nil = absent) and
@@ -49,7 +53,7 @@ func (t *ChangeTracker) ServiceChanged(previous, current *corev1.Service) bool {
 		return false
 	}
 	name := types.NamespacedName{Namespace: obj.Namespace, Name: obj.Name}
-	return t.record(objectKey{KindService, name}, name, nilIfNil(previous), nilIfNil(current))
+	return t.record(objectKey{KindService, name}, name, nilIfNil(previous), nilIfNil(current), time.Time{})
 }
 
 // SliceChanged records an informer event for an EndpointSlice (nil =
@@ -63,7 +67,26 @@ func (t *ChangeTracker) SliceChanged(previous, current *discoveryv1.EndpointSlic
 		return false
 	}
 	svc := types.NamespacedName{Namespace: obj.Namespace, Name: obj.Labels[discoveryv1.LabelServiceName]}
-	return t.record(objectKey{KindEndpointSlice, types.NamespacedName{Namespace: obj.Namespace, Name: obj.Name}}, svc, nilIfNil(previous), nilIfNil(current))
+	var trigger time.Time
+	if current != nil {
+		trigger = triggerTime(previous, current)
+	}
+	return t.record(objectKey{KindEndpointSlice, types.NamespacedName{Namespace: obj.Namespace, Name: obj.Name}}, svc, nilIfNil(previous), nilIfNil(current), trigger)
+}
+
+// triggerTime returns the slice's last-change-trigger-time when this event
+// set a new one (the EndpointSlice controller stamps the time of the pod or
+// Service change it reacted to).
+func triggerTime(previous, current *discoveryv1.EndpointSlice) time.Time {
+	v := current.Annotations[corev1.EndpointsLastChangeTriggerTime]
+	if v == "" || (previous != nil && previous.Annotations[corev1.EndpointsLastChangeTriggerTime] == v) {
+		return time.Time{}
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}
+	}
+	return t
 }
 
 func nilIfNil[T any](p *T) any {
@@ -73,7 +96,7 @@ func nilIfNil[T any](p *T) any {
 	return p
 }
 
-func (t *ChangeTracker) record(k objectKey, svc types.NamespacedName, previous, current any) bool {
+func (t *ChangeTracker) record(k objectKey, svc types.NamespacedName, previous, current any, trigger time.Time) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	c, ok := t.changes[k]
@@ -82,7 +105,10 @@ func (t *ChangeTracker) record(k objectKey, svc types.NamespacedName, previous, 
 		t.changes[k] = c
 	}
 	c.current = current
-	t.total++
+	if !trigger.IsZero() {
+		c.triggers = append(c.triggers, trigger)
+	}
+	t.total[k.kind]++
 	if sameObject(c.previous, c.current) {
 		delete(t.changes, k)
 		return false
@@ -113,28 +139,46 @@ func sameObject(a, b any) bool {
 	return false
 }
 
-// Pending returns how many objects have a real change waiting for a sync.
-func (t *ChangeTracker) Pending() int {
+// Pending returns how many Services and EndpointSlices have a real change
+// waiting for a sync.
+func (t *ChangeTracker) Pending() (services, slices int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.changes)
+	for k := range t.changes {
+		if k.kind == KindService {
+			services++
+		} else {
+			slices++
+		}
+	}
+	return services, slices
 }
 
-// Total returns how many informer events the tracker has seen.
-func (t *ChangeTracker) Total() int {
+// Total returns how many Service and EndpointSlice events the tracker has
+// seen.
+func (t *ChangeTracker) Total() (services, slices int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.total
+	return t.total[KindService], t.total[KindEndpointSlice]
 }
 
-// Drain returns the Services with pending changes and starts a new round:
-// what is current now becomes the previous state of the next one.
-func (t *ChangeTracker) Drain() map[types.NamespacedName]bool {
+// Drained is what a sync takes from the tracker.
+type Drained struct {
+	// Services had real changes (their own or their slices').
+	Services map[types.NamespacedName]bool
+	// Triggers are the endpoint-change times the sync will program.
+	Triggers []time.Time
+}
+
+// Drain returns the pending changes and starts a new round: what is
+// current now becomes the previous state of the next one.
+func (t *ChangeTracker) Drain() Drained {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := make(map[types.NamespacedName]bool, len(t.changes))
+	out := Drained{Services: make(map[types.NamespacedName]bool, len(t.changes))}
 	for _, c := range t.changes {
-		out[c.service] = true
+		out.Services[c.service] = true
+		out.Triggers = append(out.Triggers, c.triggers...)
 	}
 	t.changes = map[objectKey]*change{}
 	return out

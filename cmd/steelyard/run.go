@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -79,6 +81,8 @@ func newRunCommand() *cobra.Command {
 		kubeconfig    string
 		nodeName      string
 		proxyName     string
+		metricsAddr   string
+		healthzAddr   string
 		syncPeriod    time.Duration
 		minSyncPeriod time.Duration
 	)
@@ -96,7 +100,15 @@ func newRunCommand() *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
-			agent := &controller.Agent{Builder: controller.NewBuilder(), Dataplane: d, SyncPeriod: syncPeriod}
+			metrics := controller.NewMetrics()
+			health := controller.NewHealth(max(2*syncPeriod, time.Minute), nil)
+			agent := &controller.Agent{Builder: controller.NewBuilder(), Dataplane: d, SyncPeriod: syncPeriod, Metrics: metrics, Health: health}
+			if err := serve(ctx, "metrics", metricsAddr, "/metrics", metrics.Handler()); err != nil {
+				return err
+			}
+			if err := serve(ctx, "healthz", healthzAddr, "/", health.Handler()); err != nil {
+				return err
+			}
 			r := runner.New(agent.Sync, minSyncPeriod, syncPeriod, 0, nil)
 
 			fields := logrus.Fields{"mode": dp.mode, "version": version, "node": nodeName}
@@ -115,6 +127,7 @@ func newRunCommand() *cobra.Command {
 					return err
 				}
 				agent.Source, agent.Tracker = src, src.Tracker
+				metrics.WatchTracker(src.Tracker)
 				fields["kubeconfig"], fields["service-proxy-name"] = kubeconfig, proxyName
 			}
 			log.WithFields(fields).Info("steelyard starting")
@@ -130,6 +143,8 @@ func newRunCommand() *cobra.Command {
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the API server (in-cluster config when empty)")
 	cmd.Flags().StringVar(&nodeName, "node-name", defaultNodeName(), "this node's name (default: $NODE_NAME, else the hostname)")
 	cmd.Flags().StringVar(&proxyName, "service-proxy-name", "", "handle only Services labelled service.kubernetes.io/service-proxy-name=<this> (run beside kube-proxy); empty: every Service without that label")
+	cmd.Flags().StringVar(&metricsAddr, "metrics-bind-address", "127.0.0.1:10279", "address of /metrics (kube-proxy's is :10249); empty: off")
+	cmd.Flags().StringVar(&healthzAddr, "healthz-bind-address", "0.0.0.0:10276", "address of /healthz and /readyz (kube-proxy's is :10256); empty: off")
 	cmd.Flags().DurationVar(&syncPeriod, "sync-period", 30*time.Second, "full resync interval; also repairs rules changed by hand")
 	cmd.Flags().DurationVar(&minSyncPeriod, "min-sync-period", 250*time.Millisecond, "minimum time between syncs; bursts of changes merge")
 	return cmd
@@ -173,4 +188,30 @@ func startClusterSource(ctx context.Context, kubeconfig, proxyName string, chang
 		return nil, fmt.Errorf("watching the API server: %w", err)
 	}
 	return src, nil
+}
+
+// serve runs an HTTP server on addr until ctx is done; the listener is open
+// when serve returns, so a bad address fails at start.
+func serve(ctx context.Context, name, addr, pattern string, h http.Handler) error {
+	if addr == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("%s server: %w", name, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(pattern, h)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	go func() {
+		if err := srv.Serve(ln); err != nil && err != http.ErrServerClosed {
+			log.WithError(err).WithField("server", name).Error("HTTP server stopped")
+		}
+	}()
+	log.WithFields(logrus.Fields{"server": name, "address": ln.Addr().String()}).Info("serving")
+	return nil
 }

@@ -1,0 +1,66 @@
+package controller
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/steelyard-net/steelyard/dataplane/iptables"
+)
+
+func get(t *testing.T, h http.Handler, path string) (int, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	body, _ := io.ReadAll(rec.Body)
+	return rec.Code, string(body)
+}
+
+func TestHealthReadyAfterFirstSyncStaleWhenSyncsStop(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	h := NewHealth(time.Minute, clk)
+	if code, _ := get(t, h.Handler(), "/readyz"); code != http.StatusServiceUnavailable {
+		t.Errorf("readyz before the first sync: %d", code)
+	}
+	if code, _ := get(t, h.Handler(), "/healthz"); code != http.StatusOK {
+		t.Errorf("healthz while starting: %d", code)
+	}
+	h.Synced()
+	if code, _ := get(t, h.Handler(), "/readyz"); code != http.StatusOK {
+		t.Errorf("readyz after a sync: %d", code)
+	}
+	clk.Step(61 * time.Second)
+	if code, body := get(t, h.Handler(), "/healthz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "stale") {
+		t.Errorf("healthz with no sync for 61s: %d %q", code, body)
+	}
+}
+
+func TestAgentExportsSyncMetrics(t *testing.T) {
+	m := NewMetrics()
+	tr := NewChangeTracker()
+	m.WatchTracker(tr)
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	a := &Agent{Source: &staticSource{}, Tracker: tr, Builder: NewBuilder(), Dataplane: iptables.NewProxier(iptables.NewFake(), iptables.Config{}),
+		SyncPeriod: time.Minute, Clock: clk, Metrics: m, Health: NewHealth(time.Minute, clk)}
+	tr.ServiceChanged(nil, makeService("demo", "web", nil))
+	if err := a.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	_, body := get(t, m.Handler(), "/metrics")
+	for _, want := range []string{
+		"steelyard_sync_full_proxy_rules_duration_seconds_count 1",
+		"steelyard_sync_proxy_rules_service_changes_total 1",
+		"steelyard_sync_proxy_rules_service_changes_pending 0",
+		"steelyard_sync_proxy_rules_last_timestamp_seconds 1000",
+		"steelyard_programmed_services 0",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+}
