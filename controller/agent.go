@@ -7,6 +7,7 @@ import (
 	"github.com/sirupsen/logrus"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
 
 	"github.com/steelyard-net/steelyard/dataplane"
@@ -34,12 +35,17 @@ type Agent struct {
 	// hand edits); syncs in between write only what changed.
 	SyncPeriod time.Duration
 	Clock      clock.Clock
+	// Events, when set, receives a Warning Event on the Service for each
+	// new problem (reason InvalidWeights for annotations). The recorder's
+	// own spam filter rate-limits repeats.
+	Events record.EventRecorder
 	// Metrics and Health, when set, are updated after each sync.
 	Metrics *Metrics
 	Health  *Health
 
 	lastFull      time.Time
 	retryTriggers []time.Time
+	lastServices  map[string]*corev1.Service
 	problems      map[string]bool
 	inputs        map[string]bool
 }
@@ -63,13 +69,27 @@ func (a *Agent) Sync() error {
 		a.retryTriggers = nil
 	}
 	svcs, slices, errs := a.Source.Load()
+	if a.Events != nil {
+		a.lastServices = make(map[string]*corev1.Service, len(svcs))
+		for _, s := range svcs {
+			a.lastServices[s.Namespace+"/"+s.Name] = s
+		}
+	}
 	a.inputs = reportChanges(a.inputs, errorStrings(errs), "input error", "input error resolved")
 	state, problems := a.Builder.Build(svcs, slices)
 	ps := make([]string, 0, len(problems))
 	for _, p := range problems {
 		ps = append(ps, p.Error())
 	}
+	prev := a.problems
 	a.problems = reportChanges(a.problems, ps, "bad input: this object keeps its last valid values; other Services are unaffected", "bad input fixed")
+	if a.Events != nil {
+		for _, p := range problems {
+			if !prev[p.Error()] {
+				a.recordEvent(p)
+			}
+		}
+	}
 
 	full := a.lastFull.IsZero() || clk.Since(a.lastFull) >= a.SyncPeriod
 	if err := a.Dataplane.Sync(state, full); err != nil {
@@ -156,4 +176,24 @@ func (a *Agent) observe(state dataplane.State, drained Drained, full bool, start
 	m.ProgrammedServices.Set(float64(len(state.Services)))
 	m.ProgrammedEndpoints.Set(float64(endpoints))
 	m.InvalidAnnotations.Set(float64(bad))
+}
+
+// Event reasons.
+const (
+	ReasonInvalidWeights = "InvalidWeights"
+	ReasonInvalidService = "InvalidService"
+)
+
+func (a *Agent) recordEvent(p Problem) {
+	reason := ReasonInvalidService
+	if p.Annotation != "" {
+		reason = ReasonInvalidWeights
+	}
+	ref := &corev1.ObjectReference{Kind: "Service", APIVersion: "v1", Namespace: p.Namespace, Name: p.Name}
+	if a.lastServices != nil {
+		if svc, ok := a.lastServices[p.Namespace+"/"+p.Name]; ok {
+			ref.UID, ref.ResourceVersion = svc.UID, svc.ResourceVersion
+		}
+	}
+	a.Events.Event(ref, corev1.EventTypeWarning, reason, p.Error())
 }

@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/client-go/tools/record"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/steelyard-net/steelyard/dataplane"
@@ -117,5 +118,28 @@ func TestAgentFullSyncPeriodAndAfterFailure(t *testing.T) {
 		if d.fulls[i] != want[i] {
 			t.Fatalf("full flags %v, want %v", d.fulls, want)
 		}
+	}
+}
+
+func TestAgentRecordsInvalidWeightsEventOnce(t *testing.T) {
+	web := makeService("demo", "web", func(s *corev1.Service) {
+		s.Spec.ClusterIP = "198.18.0.10"
+		s.Annotations = map[string]string{AnnotationWeights: "web-1=ten"}
+	})
+	rec := record.NewFakeRecorder(10)
+	a := &Agent{Source: &staticSource{svcs: []*corev1.Service{web}}, Builder: NewBuilder(),
+		Dataplane: iptables.NewProxier(iptables.NewFake(), iptables.Config{}), SyncPeriod: time.Minute, Events: rec}
+	for range 3 {
+		if err := a.Sync(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(rec.Events)
+	var events []string
+	for e := range rec.Events {
+		events = append(events, e)
+	}
+	if len(events) != 1 || !strings.HasPrefix(events[0], "Warning InvalidWeights demo/web: annotation steelyard.io/weights") {
+		t.Errorf("events %q, want one Warning InvalidWeights naming the annotation", events)
 	}
 }

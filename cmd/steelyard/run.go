@@ -14,9 +14,13 @@ import (
 	"github.com/bombsimon/logrusr/v4"
 	"github.com/sirupsen/logrus"
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
 	"github.com/steelyard-net/steelyard/controller"
@@ -122,10 +126,11 @@ func newRunCommand() *cobra.Command {
 				}
 				fields["manifests"] = manifests
 			} else {
-				src, err := startClusterSource(ctx, kubeconfig, proxyName, r.Trigger)
+				src, events, err := startClusterSource(ctx, kubeconfig, proxyName, nodeName, r.Trigger)
 				if err != nil {
 					return err
 				}
+				agent.Events = events
 				agent.Source, agent.Tracker = src, src.Tracker
 				metrics.WatchTracker(src.Tracker)
 				fields["kubeconfig"], fields["service-proxy-name"] = kubeconfig, proxyName
@@ -160,7 +165,7 @@ func defaultNodeName() string {
 
 // startClusterSource connects to the API server and starts the informers;
 // it returns once their caches are filled.
-func startClusterSource(ctx context.Context, kubeconfig, proxyName string, changed func()) (*controller.ClusterSource, error) {
+func startClusterSource(ctx context.Context, kubeconfig, proxyName, nodeName string, changed func()) (*controller.ClusterSource, record.EventRecorder, error) {
 	// client-go logs through klog; send it to logrus like everything else.
 	klog.SetLogger(logrusr.New(logrus.WithField("subsys", "client-go")))
 	var (
@@ -173,21 +178,26 @@ func startClusterSource(ctx context.Context, kubeconfig, proxyName string, chang
 		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("API server config: %w", err)
+		return nil, nil, fmt.Errorf("API server config: %w", err)
 	}
 	cfg.UserAgent = "steelyard/" + version
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	src, err := controller.NewClusterSource(client, controller.ClusterOptions{ServiceProxyName: proxyName})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := src.Start(ctx, changed); err != nil {
-		return nil, fmt.Errorf("watching the API server: %w", err)
+		return nil, nil, fmt.Errorf("watching the API server: %w", err)
 	}
-	return src, nil
+	// Events go through client-go's broadcaster, whose correlator merges
+	// repeats and rate-limits each object.
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "steelyard", Host: nodeName})
+	return src, recorder, nil
 }
 
 // serve runs an HTTP server on addr until ctx is done; the listener is open
