@@ -1,4 +1,5 @@
-# steelyard node agent image.
+# steelyard node agent image: multi-stage, a slim Debian runtime with the
+# kernel tools the dataplanes and operators use.
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
@@ -8,10 +9,11 @@ ARG VERSION=dev
 RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/steelyard ./cmd/steelyard
 
 FROM debian:bookworm-slim
-# iptables brings both flavours (nft and legacy); steelyard detects the one
-# the host uses. conntrack is for operators' debugging.
+# iptables brings both flavours (nft and legacy): steelyard detects the one
+# the node uses. ipset and ipvsadm for the IPVS dataplane, conntrack for
+# flow cleanup and debugging, nginx for the L7 layer.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends iptables conntrack iproute2 \
+ && apt-get install -y --no-install-recommends iptables ipset ipvsadm conntrack iproute2 nginx-light \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/steelyard /usr/local/bin/steelyard
 ENTRYPOINT ["/usr/local/bin/steelyard"]

@@ -57,6 +57,9 @@ func (f *dataplaneFlags) open() (dataplane.Dataplane, error) {
 	case "iptables":
 		var cfg iptables.Config
 		for _, c := range f.clusterCIDRs {
+			if c == "" {
+				continue // an empty value from a ConfigMap: none
+			}
 			p, err := netip.ParsePrefix(c)
 			if err != nil {
 				return nil, fmt.Errorf("--cluster-cidr %q: %w", c, err)
