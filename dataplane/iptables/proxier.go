@@ -47,6 +47,8 @@ type Proxier struct {
 	// applied is what the last successful Sync left in the kernel; nil
 	// forces the next Sync to be full (at start and after a failure).
 	applied *Rules
+	// rendered is the last render, whose fragments the next render reuses.
+	rendered *Rules
 	// LastSync describes the last successful Sync, for logs and benchmarks.
 	LastSync SyncStats
 }
@@ -78,7 +80,8 @@ func NewProxier(ipt Interface, cfg Config) *Proxier {
 // deletes every steelyard chain that should not exist.
 func (p *Proxier) Sync(s dataplane.State, full bool) error {
 	start := time.Now()
-	desired := Render(s, p.cfg)
+	desired := renderWith(s, p.cfg, p.rendered)
+	p.rendered = desired
 	stats := SyncStats{Render: time.Since(start), RulesTotal: desired.Count()}
 	if p.applied == nil {
 		full = true
@@ -119,18 +122,7 @@ func (p *Proxier) Sync(s dataplane.State, full bool) error {
 			}
 		}
 	} else {
-		for _, t := range desired.Tables() {
-			for _, c := range desired.Chains(t) {
-				if !p.applied.Has(t, c) || !slices.Equal(p.applied.RulesOf(t, c), desired.RulesOf(t, c)) {
-					write[t] = append(write[t], c)
-				}
-			}
-			for _, c := range p.applied.Chains(t) {
-				if !desired.Has(t, c) {
-					remove[t] = append(remove[t], c)
-				}
-			}
-		}
+		write, remove = partialDiff(p.applied, desired)
 	}
 	for _, t := range desired.Tables() {
 		stats.ChainsWritten += len(write[t])
@@ -155,6 +147,51 @@ func (p *Proxier) Sync(s dataplane.State, full bool) error {
 	p.applied = desired
 	p.LastSync = stats
 	return nil
+}
+
+// partialDiff returns the chains that differ between what was applied and
+// what is desired. Service ports whose fragment is shared between the two
+// renders are unchanged and skipped without looking at their rules.
+func partialDiff(applied, desired *Rules) (write, remove map[Table][]Chain) {
+	write, remove = map[Table][]Chain{}, map[Table][]Chain{}
+	changed := func(t Table, c Chain) bool {
+		return !applied.Has(t, c) || !slices.Equal(applied.RulesOf(t, c), desired.RulesOf(t, c))
+	}
+	// The shared and static chains.
+	for _, t := range desired.Tables() {
+		for _, c := range []Chain{ChainServices, ChainForward, ChainMarkMasq, ChainPostrouting} {
+			if desired.Has(t, c) && changed(t, c) {
+				write[t] = append(write[t], c)
+			}
+		}
+	}
+	for name, f := range desired.frags {
+		old := applied.frags[name]
+		if old == f {
+			continue
+		}
+		for _, fc := range f.owned() {
+			if changed(fc.table, fc.chain) {
+				write[fc.table] = append(write[fc.table], fc.chain)
+			}
+		}
+	}
+	for name, old := range applied.frags {
+		if desired.frags[name] == old {
+			continue
+		}
+		for _, fc := range old.owned() {
+			if !desired.Has(fc.table, fc.chain) {
+				remove[fc.table] = append(remove[fc.table], fc.chain)
+			}
+		}
+	}
+	for _, t := range desired.Tables() {
+		// Deterministic restore text, whatever the map order.
+		sortedChains(write[t])
+		sortedChains(remove[t])
+	}
+	return write, remove
 }
 
 func (p *Proxier) ensureJumps() error {

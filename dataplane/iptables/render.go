@@ -3,6 +3,7 @@ package iptables
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -37,6 +38,10 @@ func (c Config) markMask() string {
 // and the rules of each chain (the text after "-A CHAIN ").
 type Rules struct {
 	tables map[Table]*tableRules
+	// frags are the rendered Service ports; a fragment is shared between
+	// two renders when its ServicePort did not change, which lets a partial
+	// sync skip unchanged Services without comparing their rules.
+	frags map[dataplane.ServicePortName]*fragment
 }
 
 type tableRules struct {
@@ -45,10 +50,13 @@ type tableRules struct {
 }
 
 func newRules() *Rules {
-	return &Rules{tables: map[Table]*tableRules{
-		TableFilter: {rules: map[Chain][]string{}},
-		TableNAT:    {rules: map[Chain][]string{}},
-	}}
+	return &Rules{
+		tables: map[Table]*tableRules{
+			TableFilter: {rules: map[Chain][]string{}},
+			TableNAT:    {rules: map[Chain][]string{}},
+		},
+		frags: map[dataplane.ServicePortName]*fragment{},
+	}
 }
 
 // Tables returns the tables in the order they are restored.
@@ -90,9 +98,71 @@ func (r *Rules) add(t Table, c Chain, args ...string) {
 	r.tables[t].rules[c] = append(r.tables[t].rules[c], strings.Join(args, " "))
 }
 
+// fragment is the rendering of one Service port: its rules in the shared
+// STEELYARD-SERVICES chains and its own chains.
+type fragment struct {
+	sp     dataplane.ServicePort
+	chains []fragmentChain
+}
+
+type fragmentChain struct {
+	table Table
+	chain Chain
+	rules []string
+}
+
+func (f *fragment) add(t Table, c Chain, args ...string) {
+	rule := strings.Join(args, " ")
+	for i := len(f.chains) - 1; i >= 0; i-- {
+		if f.chains[i].table == t && f.chains[i].chain == c {
+			f.chains[i].rules = append(f.chains[i].rules, rule)
+			return
+		}
+	}
+	f.chains = append(f.chains, fragmentChain{table: t, chain: c, rules: []string{rule}})
+}
+
+// owned returns the chains the fragment owns (not the shared ones).
+func (f *fragment) owned() []fragmentChain {
+	out := make([]fragmentChain, 0, len(f.chains))
+	for _, fc := range f.chains {
+		if fc.chain != ChainServices {
+			out = append(out, fc)
+		}
+	}
+	return out
+}
+
+func (r *Rules) merge(f *fragment) {
+	for _, fc := range f.chains {
+		tr := r.tables[fc.table]
+		if fc.chain == ChainServices {
+			tr.rules[fc.chain] = append(tr.rules[fc.chain], fc.rules...)
+			continue
+		}
+		if _, ok := tr.rules[fc.chain]; !ok {
+			tr.order = append(tr.order, fc.chain)
+		}
+		tr.rules[fc.chain] = fc.rules
+	}
+	r.frags[f.sp.Name] = f
+}
+
+// sameServicePort reports whether two Service ports render identically.
+func sameServicePort(a, b *dataplane.ServicePort) bool {
+	return a.Name == b.Name && a.VIP == b.VIP && slices.Equal(a.Backends, b.Backends)
+}
+
 // Render turns a desired State into steelyard's chains. It never touches the
 // kernel; Sync decides which chains to write.
 func Render(s dataplane.State, cfg Config) *Rules {
+	return renderWith(s, cfg, nil)
+}
+
+// renderWith renders s, reusing the fragments of prev for Service ports
+// that did not change (the common case of a partial sync: at 10,000
+// Services, rendering everything again costs half a second).
+func renderWith(s dataplane.State, cfg Config, prev *Rules) *Rules {
 	r := newRules()
 	mark := cfg.markMask()
 
@@ -112,12 +182,22 @@ func Render(s dataplane.State, cfg Config) *Rules {
 		"-j", "MASQUERADE", "--random-fully")
 
 	for i := range s.Services {
-		renderService(r, &s.Services[i], cfg)
+		sp := &s.Services[i]
+		if prev != nil {
+			if f, ok := prev.frags[sp.Name]; ok && sameServicePort(&f.sp, sp) {
+				r.merge(f)
+				continue
+			}
+		}
+		f := &fragment{sp: *sp}
+		f.sp.Backends = slices.Clone(sp.Backends)
+		renderService(f, sp, cfg)
+		r.merge(f)
 	}
 	return r
 }
 
-func renderService(r *Rules, sp *dataplane.ServicePort, cfg Config) {
+func renderService(r *fragment, sp *dataplane.ServicePort, cfg Config) {
 	name := sp.Name.String()
 	proto := sp.VIP.Protocol.Lower()
 	dst := hostPrefix(sp.VIP.IP)
