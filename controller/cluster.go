@@ -159,3 +159,30 @@ func (c *ClusterSource) Load() ([]*corev1.Service, []*discoveryv1.EndpointSlice,
 	}
 	return svcs, slices, nil
 }
+
+// ListCluster reads every Service and EndpointSlice the agent would see,
+// once (for verify). The selection is the ClusterSource's.
+func ListCluster(ctx context.Context, client kubernetes.Interface, opts ClusterOptions) ([]*corev1.Service, []*discoveryv1.EndpointSlice, error) {
+	sel, err := proxySelector(opts.ServiceProxyName)
+	if err != nil {
+		return nil, nil, err
+	}
+	lo := metav1.ListOptions{LabelSelector: sel.String()}
+	svcList, err := client.CoreV1().Services(metav1.NamespaceAll).List(ctx, lo)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list Services: %w", err)
+	}
+	sliceList, err := client.DiscoveryV1().EndpointSlices(metav1.NamespaceAll).List(ctx, lo)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list EndpointSlices: %w", err)
+	}
+	svcs := make([]*corev1.Service, 0, len(svcList.Items))
+	for i := range svcList.Items {
+		svcs = append(svcs, &svcList.Items[i])
+	}
+	slices := make([]*discoveryv1.EndpointSlice, 0, len(sliceList.Items))
+	for i := range sliceList.Items {
+		slices = append(slices, &sliceList.Items[i])
+	}
+	return svcs, slices, nil
+}

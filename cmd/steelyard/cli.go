@@ -1,11 +1,12 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"os/exec"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/steelyard-net/steelyard/controller"
 	"github.com/steelyard-net/steelyard/dataplane"
@@ -40,20 +41,37 @@ func newExplainCommand() *cobra.Command {
 
 func newVerifyCommand() *cobra.Command {
 	var (
-		dp        dataplaneFlags
-		manifests string
+		dp         dataplaneFlags
+		manifests  string
+		kubeconfig string
+		proxyName  string
 	)
 	cmd := &cobra.Command{
 		Use:   "verify",
 		Short: "Compare the live kernel with the desired state; exit 1 with a diff when they differ",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if manifests == "" {
-				return errors.New("--manifests DIR is required")
-			}
-			svcs, slices, errs := controller.NewManifestSource(manifests).Load()
-			for _, e := range errs {
-				fmt.Fprintln(cmd.ErrOrStderr(), "warning:", e)
+			var (
+				svcs   []*corev1.Service
+				slices []*discoveryv1.EndpointSlice
+				source = manifests
+			)
+			if manifests != "" {
+				var errs []error
+				svcs, slices, errs = controller.NewManifestSource(manifests).Load()
+				for _, e := range errs {
+					fmt.Fprintln(cmd.ErrOrStderr(), "warning:", e)
+				}
+			} else {
+				client, err := newClient(kubeconfig)
+				if err != nil {
+					return err
+				}
+				svcs, slices, err = controller.ListCluster(cmd.Context(), client, controller.ClusterOptions{ServiceProxyName: proxyName})
+				if err != nil {
+					return err
+				}
+				source = "the API server"
 			}
 			state, problems := controller.NewBuilder().Build(svcs, slices)
 			for _, p := range problems {
@@ -70,10 +88,10 @@ func newVerifyCommand() *cobra.Command {
 			diff := dataplane.Diff(dataplane.Expected(state), live)
 			out := cmd.OutOrStdout()
 			if len(diff) == 0 {
-				fmt.Fprintf(out, "OK: %d VIPs agree with %s\n", len(state.Services), manifests)
+				fmt.Fprintf(out, "OK: %d VIPs agree with %s\n", len(state.Services), source)
 				return nil
 			}
-			fmt.Fprintf(out, "MISMATCH: the kernel differs from %s (- desired, + live):\n", manifests)
+			fmt.Fprintf(out, "MISMATCH: the kernel differs from %s (- desired, + live):\n", source)
 			for _, l := range diff {
 				fmt.Fprintln(out, l)
 			}
@@ -81,7 +99,9 @@ func newVerifyCommand() *cobra.Command {
 		},
 	}
 	dp.register(cmd, false)
-	cmd.Flags().StringVar(&manifests, "manifests", "", "directory of Service and EndpointSlice manifests")
+	cmd.Flags().StringVar(&manifests, "manifests", "", "directory of Service and EndpointSlice manifests; without it, the API server")
+	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the API server (in-cluster config when empty)")
+	cmd.Flags().StringVar(&proxyName, "service-proxy-name", "", "as for run: which Services the agent handles")
 	return cmd
 }
 

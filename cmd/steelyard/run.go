@@ -171,20 +171,7 @@ func defaultNodeName() string {
 func startClusterSource(ctx context.Context, kubeconfig, proxyName, nodeName string, changed func()) (*controller.ClusterSource, record.EventRecorder, error) {
 	// client-go logs through klog; send it to logrus like everything else.
 	klog.SetLogger(logrusr.New(logrus.WithField("subsys", "client-go")))
-	var (
-		cfg *rest.Config
-		err error
-	)
-	if kubeconfig == "" {
-		cfg, err = rest.InClusterConfig()
-	} else {
-		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	}
-	if err != nil {
-		return nil, nil, fmt.Errorf("API server config: %w", err)
-	}
-	cfg.UserAgent = "steelyard/" + version
-	client, err := kubernetes.NewForConfig(cfg)
+	client, err := newClient(kubeconfig)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -227,4 +214,22 @@ func serve(ctx context.Context, name, addr, pattern string, h http.Handler) erro
 	}()
 	log.WithFields(logrus.Fields{"server": name, "address": ln.Addr().String()}).Info("serving")
 	return nil
+}
+
+// newClient connects to the API server of kubeconfig, or in-cluster.
+func newClient(kubeconfig string) (kubernetes.Interface, error) {
+	var (
+		cfg *rest.Config
+		err error
+	)
+	if kubeconfig == "" {
+		cfg, err = rest.InClusterConfig()
+	} else {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("API server config: %w", err)
+	}
+	cfg.UserAgent = "steelyard/" + version
+	return kubernetes.NewForConfig(cfg)
 }
