@@ -16,7 +16,7 @@ else
 ROOT := sudo env PATH="$(PATH)" HOME="$(HOME)" GOPATH="$(shell $(GO) env GOPATH)" GOCACHE="$(shell $(GO) env GOCACHE)" GOMODCACHE="$(shell $(GO) env GOMODCACHE)"
 endif
 
-.PHONY: all build deps demo test unit e2e bench fuzz vet clean
+.PHONY: all build deps demo test unit e2e k8s control-plane bench fuzz vet clean
 
 all: build
 
@@ -32,18 +32,29 @@ demo: deps build
 	$(GO) build -o bin/steelyard-demo ./test/demo
 	$(ROOT) bin/steelyard-demo --steelyard bin/steelyard --examples examples
 
-# Every suite: vet, unit tests (no root), kernel tests (root, in namespaces).
-test: deps build vet unit e2e
+# Every suite: vet, unit tests (no root), kernel tests (root, in namespaces),
+# and the tests against a real kube-apiserver and etcd (built from source
+# once, about 11 minutes, then cached under ~/.cache/steelyard).
+test: deps build vet unit e2e k8s
 
 vet:
 	$(GO) vet ./...
 	$(GO) vet -tags e2e ./test/...
+	$(GO) vet -tags k8s ./test/...
+
+# kube-apiserver, kubectl, kube-proxy (v1.37.2) and etcd (v3.7.3), built
+# through the Go module proxy and cached by version.
+control-plane:
+	scripts/control-plane/build.sh
 
 unit:
 	$(GO) test -count=1 ./...
 
 e2e:
 	$(ROOT) env STEELYARD_BIN=$(CURDIR)/bin/steelyard $(GO) test -tags e2e -count=1 -timeout 30m -v ./test/sandbox/ ./test/e2e/
+
+k8s: control-plane
+	$(ROOT) env STEELYARD_BIN=$(CURDIR)/bin/steelyard $(GO) test -tags k8s -count=1 -timeout 30m -v ./test/controlplane/
 
 # Benchmarks print tables; they assert nothing.
 bench: deps build
