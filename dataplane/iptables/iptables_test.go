@@ -526,3 +526,34 @@ func TestExplainReportsBrokenHairpin(t *testing.T) {
 		})
 	}
 }
+
+func TestPartialSyncRemovesAnEndpointsChain(t *testing.T) {
+	web := svcPort("ns", "web", "http", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2", 80, 1), be("198.19.1.3", 80, 1))
+	f := NewFake()
+	p := NewProxier(f, testCfg)
+	if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{web}}, false); err != nil {
+		t.Fatal(err)
+	}
+	gone := EndpointChain(web.Name, dataplane.TCP, web.Backends[1])
+	web2 := web
+	web2.Backends = web.Backends[:1]
+	if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{web2}}, false); err != nil {
+		t.Fatal(err)
+	}
+	if st := p.LastSync; st.Full || st.ChainsWritten != 1 || st.ChainsDeleted != 1 {
+		t.Errorf("stats %+v, want the Service chain written and one endpoint chain deleted", st)
+	}
+	if f.Ruleset().Chain(TableNAT, gone) != nil {
+		t.Errorf("chain %s of the removed endpoint is still there", gone)
+	}
+	// And back: the chain returns.
+	if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{web}}, false); err != nil {
+		t.Fatal(err)
+	}
+	if f.Ruleset().Chain(TableNAT, gone) == nil {
+		t.Errorf("chain %s did not come back", gone)
+	}
+	if diff := dataplane.Diff(dataplane.Expected(dataplane.State{Services: []dataplane.ServicePort{web}}), mustViews(t, f)); len(diff) > 0 {
+		t.Errorf("kernel differs:\n%s", strings.Join(diff, "\n"))
+	}
+}
