@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -555,5 +557,32 @@ func TestPartialSyncRemovesAnEndpointsChain(t *testing.T) {
 	}
 	if diff := dataplane.Diff(dataplane.Expected(dataplane.State{Services: []dataplane.ServicePort{web}}), mustViews(t, f)); len(diff) > 0 {
 		t.Errorf("kernel differs:\n%s", strings.Join(diff, "\n"))
+	}
+}
+
+// A share that falls on a rounding boundary (87/39/2 -> 67.96875%) must
+// not make verify report a mismatch whose two lines print the same.
+func TestVerifyAgreesOnRoundingBoundaries(t *testing.T) {
+	web := svcPort("ns", "web", "http", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2", 80, 87), be("198.19.1.3", 80, 39), be("198.19.1.4", 80, 2))
+	state := dataplane.State{Services: []dataplane.ServicePort{web}}
+	f, _ := syncAndView(t, state)
+	// What iptables-save prints: the kernel keeps round(p * 2^31).
+	kernel := regexp.MustCompile(`--probability ([0-9.]+)`).ReplaceAllStringFunc(f.Ruleset().String(), func(m string) string {
+		p, err := strconv.ParseFloat(strings.Fields(m)[1], 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprintf("--probability %.11f", math.Round(p*(1<<31))/(1<<31))
+	})
+	rs, err := ParseRuleset([]byte(kernel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	live, err := Views(rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := dataplane.Diff(dataplane.Expected(state), live); len(diff) > 0 {
+		t.Errorf("verify disagrees with itself:\n%s", strings.Join(diff, "\n"))
 	}
 }
