@@ -54,7 +54,7 @@ e2e:
 	$(ROOT) env STEELYARD_BIN=$(CURDIR)/bin/steelyard $(GO) test -tags e2e -count=1 -timeout 30m -v ./test/sandbox/ ./test/e2e/
 
 k8s: control-plane
-	$(ROOT) env STEELYARD_BIN=$(CURDIR)/bin/steelyard $(GO) test -tags k8s -count=1 -timeout 30m -v ./test/controlplane/
+	$(ROOT) env STEELYARD_BIN=$(CURDIR)/bin/steelyard $(GO) test -tags k8s -count=1 -timeout 30m -v ./test/controlplane/ ./test/k8s/
 
 # Benchmarks print tables; they assert nothing.
 bench: deps build
