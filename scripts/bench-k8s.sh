@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Compares steelyard with kube-proxy v1.37.2 (iptables and nftables modes)
+# against a real kube-apiserver loaded with N Services x 10 endpoints
+# (test/bench/k8s). Each proxy runs in a network namespace the benchmark
+# makes and deletes (also on failure or Ctrl-C); the machine's own network
+# namespace is never touched. Prints one table; asserts nothing. Needs root,
+# bin/steelyard (`make build`) and the control-plane binaries
+# (`make control-plane`).
+#
+#   SERVICES=1000,10000      sizes, one control plane each
+#   IPTABLES_MODE=legacy,nft iptables flavours for steelyard and kube-proxy
+#   NFT_MAX_SERVICES=1000    the nft flavour only up to this size
+#                            (iptables-nft-restore slows down with jumps x
+#                            chains: 10,000 Services would take many minutes
+#                            per restore); 0 for no limit
+#   PROXIES=steelyard,kube-proxy-iptables,kube-proxy-nftables
+#   CHANGES=100              endpoint changes per proxy
+#   BENCH_ARGS=...           more flags for k8s-bench (see k8s-bench -h)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+	echo "bench-k8s: needs root (network namespaces, iptables)" >&2
+	exit 1
+fi
+# kube-proxy's nftables mode runs the nft binary.
+if ! command -v nft >/dev/null 2>&1; then
+	echo "bench-k8s: installing nftables (for kube-proxy --proxy-mode=nftables)" >&2
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends nftables >/dev/null
+fi
+scripts/install-deps.sh
+
+steelyard=${STEELYARD_BIN:-bin/steelyard}
+if [ ! -x "$steelyard" ]; then
+	echo "bench-k8s: $steelyard missing: run make build" >&2
+	exit 1
+fi
+go build -o bin/k8s-bench ./test/bench/k8s
+
+echo "bench-k8s: load average before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+# shellcheck disable=SC2086 # BENCH_ARGS is a list of flags
+exec bin/k8s-bench \
+	-steelyard "$steelyard" \
+	-services "${SERVICES:-1000,10000}" \
+	-iptables-mode "${IPTABLES_MODE:-legacy,nft}" \
+	-nft-max-services "${NFT_MAX_SERVICES:-1000}" \
+	-proxies "${PROXIES:-steelyard,kube-proxy-iptables,kube-proxy-nftables}" \
+	-changes "${CHANGES:-100}" \
+	${BENCH_ARGS:-}
