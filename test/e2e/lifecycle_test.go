@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/steelyard-net/steelyard/test/sandbox"
+	"github.com/steelyard-net/steelyard/test/viewcheck"
 )
 
 func TestEstablishedConnectionSurvivesRestartAndDrain(t *testing.T) {
@@ -88,7 +89,7 @@ func TestRejectWithoutEndpoints(t *testing.T) {
 	}
 	t.Logf("explain:\n%s", text)
 	for _, port := range []uint16{80, 53} {
-		if v := view(f.explain(), empty.vip, port); v == nil || !v.Reject {
+		if v := viewcheck.Find(f.explain(), empty.vip, port); v == nil || !v.Reject {
 			t.Errorf("explain %s:%d: %+v, want reject", empty.vip, port, v)
 		}
 	}
@@ -158,8 +159,8 @@ func TestResyncOnFileChange(t *testing.T) {
 		start := time.Now()
 		write()
 		for {
-			got := shares(view(f.explain(), webService.vip, 80))
-			if sameShares(got, want) {
+			got := viewcheck.Shares(viewcheck.Find(f.explain(), webService.vip, 80))
+			if viewcheck.Same(got, want) {
 				took := time.Since(start)
 				t.Logf("%s (%s): explain shows %v after %s", how, weights, got, took.Round(time.Millisecond))
 				// The agent promises 1 s; explain polling adds up to ~0.1 s.

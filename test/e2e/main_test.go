@@ -291,44 +291,6 @@ func (f *fixture) explain() []dataplane.ServiceView {
 	return views
 }
 
-// view returns the explain entry of vip:port, or nil.
-func view(views []dataplane.ServiceView, vip string, port uint16) *dataplane.ServiceView {
-	for i := range views {
-		if views[i].VIP == vip && views[i].Port == port {
-			return &views[i]
-		}
-	}
-	return nil
-}
-
-// shares maps backend IP to share from an explain entry.
-func shares(v *dataplane.ServiceView) map[string]float64 {
-	out := map[string]float64{}
-	if v == nil {
-		return out
-	}
-	for _, b := range v.Backends {
-		out[b.IP] += b.Share
-	}
-	return out
-}
-
-// sameShares compares two IP->share maps within 0.01 points, ignoring
-// zero entries.
-func sameShares(a, b map[string]float64) bool {
-	for k, v := range a {
-		if math.Abs(v-b[k]) > 0.01 {
-			return false
-		}
-	}
-	for k, v := range b {
-		if math.Abs(v-a[k]) > 0.01 {
-			return false
-		}
-	}
-	return true
-}
-
 // expectShares checks the observed share of each pod within tol points and
 // that no other pod answered, and that no connection failed.
 func expectShares(t *testing.T, r sandbox.Result, want map[string]float64, tol float64) {

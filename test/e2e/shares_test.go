@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/steelyard-net/steelyard/test/sandbox"
+	"github.com/steelyard-net/steelyard/test/viewcheck"
 )
 
 // How many connections, and why. The number of connections a backend with
@@ -77,7 +78,7 @@ func TestTCPShares(t *testing.T) {
 			}
 
 			views := f.explain()
-			if got := shares(view(views, "198.18.0.10", 80)); !sameShares(got, map[string]float64{"198.19.1.2": 10, "198.19.1.3": 90}) {
+			if got := viewcheck.Shares(viewcheck.Find(views, "198.18.0.10", 80)); !viewcheck.Same(got, map[string]float64{"198.19.1.2": 10, "198.19.1.3": 90}) {
 				t.Errorf("explain web: %v, want 10/90", got)
 			}
 
@@ -130,7 +131,7 @@ func TestWeightZeroGetsNothing(t *testing.T) {
 	f.write("zero.yaml", zero)
 	f.start()
 
-	if got := shares(view(f.explain(), zero.vip, 80)); got["198.19.3.3"] != 0 {
+	if got := viewcheck.Shares(viewcheck.Find(f.explain(), zero.vip, 80)); got["198.19.3.3"] != 0 {
 		t.Errorf("explain gives the weight-0 endpoint %.2f%%", got["198.19.3.3"])
 	}
 	// 3,000 connections: sigma(50%) = 0.91 points, 4 points = 4.4 sigma.

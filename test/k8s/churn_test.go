@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/steelyard-net/steelyard/test/sandbox"
+	"github.com/steelyard-net/steelyard/test/viewcheck"
 )
 
 // TestEndpointChurn: the endpoints of one Service go 5 -> 7 -> 5 every 2 s
@@ -39,7 +40,7 @@ func TestEndpointChurn(t *testing.T) {
 		t.Fatal(err)
 	}
 	backends := func() int {
-		if v := view(e.explain(), vip); v != nil {
+		if v := viewcheck.Find(e.explain(), vip, servicePort); v != nil {
 			return len(v.Backends)
 		}
 		return 0

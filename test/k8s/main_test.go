@@ -29,6 +29,7 @@ import (
 	"github.com/steelyard-net/steelyard/dataplane"
 	"github.com/steelyard-net/steelyard/test/controlplane"
 	"github.com/steelyard-net/steelyard/test/sandbox"
+	"github.com/steelyard-net/steelyard/test/viewcheck"
 )
 
 // steelyardBin is the agent binary under test.
@@ -348,49 +349,13 @@ func (e *env) waitVerify(timeout time.Duration, extra ...string) time.Duration {
 	})
 }
 
-// view returns the explain entry of vip:80, or nil.
-func view(views []dataplane.ServiceView, vip string) *dataplane.ServiceView {
-	for i := range views {
-		if views[i].VIP == vip && views[i].Port == servicePort {
-			return &views[i]
-		}
-	}
-	return nil
-}
-
-// shares maps backend IP to share (percent) in an explain entry.
-func shares(v *dataplane.ServiceView) map[string]float64 {
-	out := map[string]float64{}
-	if v == nil {
-		return out
-	}
-	for _, b := range v.Backends {
-		out[b.IP] += b.Share
-	}
-	return out
-}
-
-// sameShares compares two IP->share maps within 0.01 points.
-func sameShares(a, b map[string]float64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		w, ok := b[k]
-		if !ok || math.Abs(v-w) > 0.01 {
-			return false
-		}
-	}
-	return true
-}
-
 // waitShares polls explain until vip:80 shows exactly want (IP -> percent)
 // and returns how long that took.
 func (e *env) waitShares(vip string, want map[string]float64, timeout time.Duration) time.Duration {
 	e.t.Helper()
 	return poll(e.t, timeout, 20*time.Millisecond, "explain "+vip+" showing "+fmt.Sprint(want), func() (bool, string) {
-		got := shares(view(e.explain(), vip))
-		return sameShares(got, want), fmt.Sprintf("explain shows %v", got)
+		got := viewcheck.Shares(viewcheck.Find(e.explain(), vip, servicePort))
+		return viewcheck.Same(got, want), fmt.Sprintf("explain shows %v", got)
 	})
 }
 

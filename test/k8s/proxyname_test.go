@@ -9,6 +9,7 @@ import (
 
 	"github.com/steelyard-net/steelyard/controller"
 	"github.com/steelyard-net/steelyard/test/sandbox"
+	"github.com/steelyard-net/steelyard/test/viewcheck"
 )
 
 // TestServiceProxyName: with --service-proxy-name steelyard the agent
@@ -49,7 +50,7 @@ func TestServiceProxyName(t *testing.T) {
 		var vips []string
 		views := e.explain()
 		for _, s := range services {
-			v := view(views, s.vip)
+			v := viewcheck.Find(views, s.vip, servicePort)
 			if got := v != nil; got != want[s.name] {
 				t.Errorf("--service-proxy-name=%q: Service %s (label %q) programmed: %v, want %v", flag, s.name, s.label, got, want[s.name])
 			}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/steelyard-net/steelyard/controller"
 	"github.com/steelyard-net/steelyard/test/sandbox"
+	"github.com/steelyard-net/steelyard/test/viewcheck"
 )
 
 // TestWeightsThroughAPI: a weighted Service and its EndpointSlice created
@@ -60,7 +61,7 @@ func TestWeightsThroughAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	took = poll(t, 10*time.Second, 20*time.Millisecond, "explain dropping "+vip, func() (bool, string) {
-		v := view(e.explain(), vip)
+		v := viewcheck.Find(e.explain(), vip, servicePort)
 		return v == nil, "still listed"
 	})
 	t.Logf("Service deleted -> explain no longer lists %s after %v", vip, took.Round(time.Millisecond))
@@ -123,7 +124,7 @@ func TestInvalidWeightsEvent(t *testing.T) {
 	took = e.waitShares(goodVIP, map[string]float64{g1.ip: 75, g2.ip: 25}, 10*time.Second)
 	t.Logf("good changed together with bad -> in the kernel after %v", took.Round(time.Millisecond))
 	e.waitEvent("bad", controller.ReasonInvalidWeights, "duplicate", 15*time.Second)
-	if got := shares(view(e.explain(), badVIP)); !sameShares(got, map[string]float64{g1.ip: 50, g2.ip: 50}) {
+	if got := viewcheck.Shares(viewcheck.Find(e.explain(), badVIP, servicePort)); !viewcheck.Same(got, map[string]float64{g1.ip: 50, g2.ip: 50}) {
 		t.Errorf("bad after a second bad value: %v, want 50/50 (still absent)", got)
 	}
 	r, err = e.client.TCPConns(vipPort(goodVIP), 4000, sandbox.Load{})
