@@ -37,22 +37,13 @@ func TestMain(m *testing.M) {
 }
 
 func testMain(m *testing.M) int {
-	steelyardBin = os.Getenv("STEELYARD_BIN")
-	if steelyardBin == "" {
-		dir, err := os.MkdirTemp("", "steelyard-e2e-")
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "e2e:", err)
-			return 1
-		}
-		defer os.RemoveAll(dir)
-		steelyardBin = filepath.Join(dir, "steelyard")
-		build := exec.Command("go", "build", "-o", steelyardBin, "github.com/steelyard-net/steelyard/cmd/steelyard")
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		if err := build.Run(); err != nil {
-			fmt.Fprintln(os.Stderr, "e2e: building cmd/steelyard:", err)
-			return 1
-		}
+	bin, cleanup, err := sandbox.AgentBinary("e2e")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
 	}
+	defer cleanup()
+	steelyardBin = bin
 	if help, err := exec.Command(steelyardBin, "run", "--help").CombinedOutput(); err == nil {
 		hasIPTablesMode = strings.Contains(string(help), "--iptables-mode")
 	} else {

@@ -12,7 +12,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -40,22 +39,13 @@ func TestMain(m *testing.M) {
 }
 
 func testMain(m *testing.M) int {
-	steelyardBin = os.Getenv("STEELYARD_BIN")
-	if steelyardBin == "" {
-		dir, err := os.MkdirTemp("", "steelyard-k8s-")
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "k8s:", err)
-			return 1
-		}
-		defer os.RemoveAll(dir)
-		steelyardBin = filepath.Join(dir, "steelyard")
-		build := exec.Command("go", "build", "-o", steelyardBin, "github.com/steelyard-net/steelyard/cmd/steelyard")
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		if err := build.Run(); err != nil {
-			fmt.Fprintln(os.Stderr, "k8s: building cmd/steelyard:", err)
-			return 1
-		}
+	bin, cleanup, err := sandbox.AgentBinary("k8s")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "k8s:", err)
+		return 1
 	}
+	defer cleanup()
+	steelyardBin = bin
 	if out, err := exec.Command(steelyardBin, "version").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "k8s: %s version: %v\n%s", steelyardBin, err, out)
 		return 1
