@@ -64,7 +64,7 @@ bench: deps build
 # steelyard beside kube-proxy v1.37.2 (iptables and nftables modes) against
 # a real API server with 1,000 and 10,000 Services x 10 endpoints.
 bench-k8s: deps build control-plane
-	$(ROOT) scripts/bench-k8s.sh
+	$(ROOT) env SERVICES="$(SERVICES)" IPTABLES_MODE="$(IPTABLES_MODE)" NFT_MAX_SERVICES="$(NFT_MAX_SERVICES)" PROXIES="$(PROXIES)" CHANGES="$(CHANGES)" BENCH_ARGS="$(BENCH_ARGS)" scripts/bench-k8s.sh
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseWeights -fuzztime 30s ./controller/

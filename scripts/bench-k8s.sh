@@ -15,7 +15,33 @@
 #                            per restore); 0 for no limit
 #   PROXIES=steelyard,kube-proxy-iptables,kube-proxy-nftables
 #   CHANGES=100              endpoint changes per proxy
-#   BENCH_ARGS=...           more flags for k8s-bench (see k8s-bench -h)
+#   BENCH_ARGS=...           more flags for k8s-bench (see k8s-bench -h),
+#                            e.g. "-log-dir /tmp/logs -v"
+#
+# Columns (the table's footer repeats this):
+#   first full sync  process start to the end of the first sync after which
+#                    the kernel holds a DNAT to every endpoint of every
+#                    Service. Sync end times come from the proxy's health
+#                    endpoint (steelyard /healthz, kube-proxy /livez
+#                    status.IPv4.lastUpdated), polled; after each new sync
+#                    the rules are read back (iptables-<flavour>-save -t nat,
+#                    nft list table ip kube-proxy) and counted.
+#   change p50/p99   100 changes, one at a time, after a random 0-2 s pause:
+#                    one endpoint of a random Service gets a never-used
+#                    address (slice stamped with
+#                    endpoints.kubernetes.io/last-change-trigger-time). From
+#                    the API write to the end of the first sync after which
+#                    that address is in the kernel (same method: the kernel
+#                    is watched, not the proxy's histogram).
+#   netprog          the proxy's own network-programming histogram over the
+#                    same changes (bucket upper bounds only).
+#   partial sync     mean and count of the proxy's partial-sync histogram
+#                    during the changes.
+#   CPU s            utime+stime of the proxy plus its waited-for children
+#                    (cutime+cstime: iptables-restore, nft) plus live
+#                    descendants, from /proc (no cgroups): up to the first
+#                    full sync / during the changes.
+#   peak RSS         the proxy's VmHWM (children not included).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

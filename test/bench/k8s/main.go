@@ -286,7 +286,10 @@ func runProxy(ctx context.Context, cfg *config, cp *controlplane.ControlPlane, w
 			logf("%s log (%s), last lines:\n%s", p.label(), a.LogPath, lastLines(a.Log(), 25))
 		}
 		if cfg.logDir != "" {
-			name := fmt.Sprintf("%s-%s-%d.log", p.name, p.flavourLabel(), n)
+			name := fmt.Sprintf("%s-%d.log", p.name, n)
+			if p.flavour != "" {
+				name = fmt.Sprintf("%s-%s-%d.log", p.name, p.flavour, n)
+			}
 			if err := os.WriteFile(filepath.Join(cfg.logDir, name), []byte(a.Log()), 0o644); err != nil {
 				logf("saving the log: %v", err)
 			}
