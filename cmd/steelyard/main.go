@@ -43,6 +43,7 @@ func newRootCommand() *cobra.Command {
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	root.PersistentFlags().StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	root.AddCommand(newRunCommand(), newExplainCommand(), newVerifyCommand(), newCleanupCommand(), newVersionCommand())
+	root.AddCommand(newInstallCNICommand())
 	return root
 }
 
