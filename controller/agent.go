@@ -42,12 +42,18 @@ type Agent struct {
 	// Metrics and Health, when set, are updated after each sync.
 	Metrics *Metrics
 	Health  *Health
+	// Conntrack, when set, deletes the UDP conntrack entries that a sync
+	// leaves pointing at endpoints that left (see StaleFlows); nil: off.
+	Conntrack ConntrackCleaner
 
 	lastFull      time.Time
 	retryTriggers []time.Time
 	lastServices  map[string]*corev1.Service
 	problems      map[string]bool
 	inputs        map[string]bool
+	// applied is the last State a Sync applied (for Conntrack), nil
+	// before the first successful sync.
+	applied *dataplane.State
 }
 
 // ErrSync marks a sync that failed in the dataplane.
@@ -108,6 +114,7 @@ func (a *Agent) Sync() error {
 	if full {
 		a.lastFull = start
 	}
+	a.cleanConntrack(state)
 	a.observe(state, drained, full, start, len(problems)+len(errs))
 	fields := logrus.Fields{"full": full, "services": len(state.Services), "took": clk.Since(start).Round(time.Microsecond).String()}
 	if changed >= 0 {
