@@ -1,0 +1,207 @@
+//go:build cni
+
+package cni
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/steelyard-net/steelyard/test/sandbox"
+)
+
+const (
+	streamEvery = 100 * time.Millisecond
+	streamMax   = 2 * time.Minute
+	// moveWithin is the bound: a flow reaches a remaining endpoint
+	// within 1 s of its endpoint's removal.
+	moveWithin = time.Second
+)
+
+var (
+	dnsVIP   = ap("198.18.0.13:53")
+	otherVIP = ap("198.18.0.16:123")
+	dnsPods  = []endpoint{{name: "dns-1", ip: "198.19.4.2"}, {name: "dns-2", ip: "198.19.4.3"}}
+)
+
+func dnsService(eps ...endpoint) service {
+	return service{name: "dns", vip: dnsVIP.Addr().String(), proto: "UDP", port: 53, targetPort: 5353, endpoints: eps}
+}
+
+// udpFixture is a sandbox with a client, the dns pods and an agent.
+type udpFixture struct {
+	t      *testing.T
+	sb     *sandbox.Sandbox
+	client *sandbox.NS
+	m      manifests
+	agent  *sandbox.Agent
+}
+
+func newUDPFixture(t *testing.T) *udpFixture {
+	sb := sandbox.NewT(t, sandbox.Options{})
+	client, err := sb.AddClient(netip.Addr{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range dnsPods {
+		if _, err := sb.AddPod(p.name, netip.MustParseAddr(p.ip), 5353); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := &udpFixture{t: t, sb: sb, client: client, m: manifests{t: t, dir: t.TempDir()}}
+	f.m.write(dnsService(dnsPods...))
+	f.agent = startAgent(t, sb, f.m.dir)
+	return f
+}
+
+func (f *udpFixture) stream(dst netip.AddrPort) *sandbox.UDPStream {
+	f.t.Helper()
+	s, err := f.client.StartUDPStream(dst, streamEvery, streamMax)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(s.Stop)
+	return s
+}
+
+// firstAnswer waits for the stream's first answer and returns the pod.
+func firstAnswer(t *testing.T, s *sandbox.UDPStream) endpoint {
+	t.Helper()
+	r, err := s.WaitReply(time.Time{}, 3*time.Second, func(sandbox.Reply) bool { return true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range dnsPods {
+		if p.name == r.From {
+			return p
+		}
+	}
+	t.Fatalf("answer from %q, not a dns pod", r.From)
+	return endpoint{}
+}
+
+func otherPod(p endpoint) endpoint {
+	if p.name == dnsPods[0].name {
+		return dnsPods[1]
+	}
+	return dnsPods[0]
+}
+
+// waitMoved waits until s is answered by want after since, within
+// moveWithin, then checks that no later answer came from anyone else.
+func waitMoved(t *testing.T, s *sandbox.UDPStream, since time.Time, want string) time.Duration {
+	t.Helper()
+	r, err := s.WaitReply(since, moveWithin, func(r sandbox.Reply) bool { return r.From == want })
+	if err != nil {
+		t.Fatalf("the flow did not reach %s within %s: %v", want, moveWithin, err)
+	}
+	took := r.At.Sub(since)
+	time.Sleep(5 * streamEvery)
+	for _, later := range s.Replies() {
+		if later.At.After(r.At) && later.From != want {
+			t.Errorf("after moving to %s at +%s, an answer from %s at +%s", want, took, later.From, later.At.Sub(since))
+		}
+	}
+	return took
+}
+
+func TestStaleUDPFlowAgentPath(t *testing.T) {
+	f := newUDPFixture(t)
+	s := f.stream(dnsVIP)
+	x := firstAnswer(t, s)
+	y := otherPod(x)
+	xIP := netip.MustParseAddr(x.ip)
+	t.Logf("the client's flow %s -> %s reached %s (%s)", s.LocalAddr(), dnsVIP, x.name, x.ip)
+
+	// Unrelated flows to the same pod: through another VIP, and directly.
+	other := service{name: "other", vip: otherVIP.Addr().String(), proto: "UDP", port: 123, targetPort: 5353, endpoints: []endpoint{x}}
+	f.m.write(dnsService(dnsPods...), other)
+	waitVerify(t, f.sb, f.m.dir, 5*time.Second)
+	viaOther := f.stream(otherVIP)
+	direct := f.stream(netip.AddrPortFrom(xIP, 5353))
+	for _, u := range []*sandbox.UDPStream{viaOther, direct} {
+		if _, err := u.WaitReply(time.Time{}, 3*time.Second, func(r sandbox.Reply) bool { return r.From == x.name }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := flowsTo(conntrackList(t, f.sb.Node), dnsVIP, xIP); len(got) != 1 {
+		t.Fatalf("before: entries from %s to %s: %v, want the client's one", dnsVIP, x.ip, got)
+	}
+
+	// x leaves the dns Service (the manifests change; the pod lives on and
+	// would keep answering a stale entry).
+	t0 := time.Now()
+	f.m.write(dnsService(y), other)
+	took := waitMoved(t, s, t0, y.name)
+	t.Logf("MEASURED agent path: %s left dns; the flow's datagrams reached %s %s after the manifest change", x.name, y.name, took.Round(time.Millisecond))
+
+	flows := conntrackList(t, f.sb.Node)
+	if got := flowsTo(flows, dnsVIP, xIP); len(got) != 0 {
+		t.Errorf("conntrack -L still has entries from %s to the removed %s: %v", dnsVIP, x.ip, got)
+	}
+	if got := flowsTo(flows, otherVIP, xIP); len(got) != 1 {
+		t.Errorf("the unrelated flow through %s to %s lost its entry: %v", otherVIP, x.ip, got)
+	}
+	if got := flowsTo(flows, netip.AddrPortFrom(xIP, 5353), xIP); len(got) != 1 {
+		t.Errorf("the direct flow to %s lost its entry: %v", x.ip, got)
+	}
+	now := time.Now()
+	for name, u := range map[string]*sandbox.UDPStream{"through " + otherVIP.String(): viaOther, "direct": direct} {
+		if _, err := u.WaitReply(now, time.Second, func(r sandbox.Reply) bool { return r.From == x.name }); err != nil {
+			t.Errorf("the unrelated flow %s stopped reaching %s: %v", name, x.name, err)
+		}
+	}
+	t.Logf("streams: dns %s; other %s; direct %s", s, viaOther, direct)
+}
+
+func TestAgentRestartKeepsLiveUDPFlows(t *testing.T) {
+	f := newUDPFixture(t)
+	s := f.stream(dnsVIP)
+	x := firstAnswer(t, s)
+	y := otherPod(x)
+	entry := fromSource(flowsTo(conntrackList(t, f.sb.Node), dnsVIP, netip.MustParseAddr(x.ip)), netip.AddrPortFrom(f.client.Addr, s.LocalAddr().Port()))
+	if len(entry) != 1 {
+		t.Fatalf("the client's entry: %v", entry)
+	}
+
+	// A restart with nothing changed: the live flow keeps its entry and
+	// its endpoint.
+	restart := time.Now()
+	if err := f.agent.Stop(); err != nil {
+		t.Fatalf("agent stop: %v", err)
+	}
+	f.agent = startAgent(t, f.sb, f.m.dir)
+	time.Sleep(5 * streamEvery)
+	after := 0
+	for _, r := range s.Replies() {
+		if r.At.After(restart) {
+			after++
+			if r.From != x.name {
+				t.Errorf("during or after the restart the flow was answered by %s, want %s", r.From, x.name)
+			}
+		}
+	}
+	if after == 0 {
+		t.Error("no answers during or after the restart")
+	}
+	flows := conntrackList(t, f.sb.Node)
+	if got := fromSource(flows, entry[0].OrigSrc); len(got) != 1 || got[0].ReplySrc != entry[0].ReplySrc {
+		t.Errorf("the live entry %v did not survive the restart: %v", entry[0], got)
+	}
+	t.Logf("restart: %d answers from %s since the restart began, entry kept", after, x.name)
+
+	// x leaves while the agent is down: the first sync after the start
+	// finds the stale entry (no previous state to compare with) and
+	// deletes it, and only it.
+	if err := f.agent.Stop(); err != nil {
+		t.Fatalf("agent stop: %v", err)
+	}
+	f.m.write(dnsService(y))
+	t0 := time.Now()
+	f.agent = startAgent(t, f.sb, f.m.dir)
+	took := waitMoved(t, s, t0, y.name)
+	t.Logf("MEASURED restart path: %s left while the agent was down; the flow reached %s %s after the agent was started (start-up included)", x.name, y.name, took.Round(time.Millisecond))
+	if got := flowsTo(conntrackList(t, f.sb.Node), dnsVIP, netip.MustParseAddr(x.ip)); len(got) != 0 {
+		t.Errorf("entries from %s to the removed %s: %v", dnsVIP, x.ip, got)
+	}
+}
