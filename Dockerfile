@@ -7,6 +7,7 @@ RUN go mod download
 COPY . .
 ARG VERSION=dev
 RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/steelyard ./cmd/steelyard
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.buildVersion=${VERSION}" -o /out/steelyard-cni ./cmd/steelyard-cni
 
 FROM debian:bookworm-slim
 # iptables brings both flavours (nft and legacy): steelyard detects the one
@@ -16,5 +17,8 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends iptables ipset ipvsadm conntrack iproute2 nginx-light \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/steelyard /usr/local/bin/steelyard
+# The chained CNI plugin; `steelyard install-cni` (the DaemonSet's init
+# container) copies it onto the node.
+COPY --from=build /out/steelyard-cni /usr/local/bin/steelyard-cni
 ENTRYPOINT ["/usr/local/bin/steelyard"]
 CMD ["run"]
