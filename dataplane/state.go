@@ -10,6 +10,7 @@ package dataplane
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -83,16 +84,99 @@ type Backend struct {
 	Ready       bool
 	Serving     bool
 	Terminating bool
+	// NodeName and Zone are where the endpoint runs (EndpointSlice nodeName
+	// and zone), for display.
+	NodeName string
+	Zone     string
+	// Local is true when the endpoint runs on this node: the only endpoints
+	// that receive traffic under a Local traffic policy.
+	Local bool
+	// OutOfZone is true when topology (EndpointSlice hints, or
+	// trafficDistribution PreferClose) keeps cluster-wide traffic away from
+	// this endpoint. It still counts for Local policies, as in kube-proxy.
+	OutOfZone bool
 }
 
 // Addr returns the backend's IP:port.
 func (b Backend) Addr() netip.AddrPort { return netip.AddrPortFrom(b.IP, b.Port) }
 
 // ServicePort is one VIP and the backends its new connections are split across.
+//
+// Besides the VIP (the clusterIP), a Service port can be reached through
+// external entry points: the node port on the node's addresses, external IPs
+// and load-balancer ingress IPs. Those follow the external traffic policy;
+// the VIP follows the internal one.
 type ServicePort struct {
 	Name     ServicePortName
 	VIP      VIP
 	Backends []Backend
+	// NodePort is the port opened on the node's addresses; 0 for none.
+	NodePort uint16
+	// ExternalIPs are spec.externalIPs of the VIP's family.
+	ExternalIPs []netip.Addr
+	// LoadBalancerIPs are status.loadBalancer.ingress[].ip of the VIP's family.
+	LoadBalancerIPs []netip.Addr
+	// SourceRanges are spec.loadBalancerSourceRanges: when set, only these
+	// clients may use the LoadBalancerIPs; others are dropped.
+	SourceRanges []netip.Prefix
+	// ExternalLocal is externalTrafficPolicy Local: external traffic goes to
+	// Local endpoints only, with the client's address preserved, and is
+	// dropped when there is none.
+	ExternalLocal bool
+	// InternalLocal is internalTrafficPolicy Local: traffic to the VIP goes
+	// to Local endpoints only and is dropped when there is none.
+	InternalLocal bool
+	// HealthCheckNodePort is the port where this node reports its number of
+	// local endpoints (ExternalLocal LoadBalancer Services); 0 for none.
+	HealthCheckNodePort uint16
+	// AffinitySeconds is sessionAffinity ClientIP's timeout: a client keeps
+	// its backend for that long after its last new connection. 0: none.
+	AffinitySeconds int
+	// Scheduler is the IPVS scheduler from the annotation, "" = node default.
+	Scheduler string
+}
+
+// HasExternal reports whether the port has an external entry point.
+func (s *ServicePort) HasExternal() bool {
+	return s.NodePort != 0 || len(s.ExternalIPs) > 0 || len(s.LoadBalancerIPs) > 0
+}
+
+// ClusterBackends returns the backends that cluster-wide traffic is split
+// across: active and not kept away by topology; stable order.
+func (s *ServicePort) ClusterBackends() []Backend {
+	out := s.Active()
+	return slices.DeleteFunc(out, func(b Backend) bool { return b.OutOfZone })
+}
+
+// LocalBackends returns the active backends on this node; stable order.
+func (s *ServicePort) LocalBackends() []Backend {
+	out := s.Active()
+	return slices.DeleteFunc(out, func(b Backend) bool { return !b.Local })
+}
+
+// InternalBackends returns the backends of traffic to the VIP.
+func (s *ServicePort) InternalBackends() []Backend {
+	if s.InternalLocal {
+		return s.LocalBackends()
+	}
+	return s.ClusterBackends()
+}
+
+// ExternalBackends returns the backends of traffic from off the cluster to
+// an external entry point.
+func (s *ServicePort) ExternalBackends() []Backend {
+	if s.ExternalLocal {
+		return s.LocalBackends()
+	}
+	return s.ClusterBackends()
+}
+
+// Family returns 4 or 6, the IP family of the VIP.
+func (s *ServicePort) Family() int {
+	if s.VIP.IP.Is4() {
+		return 4
+	}
+	return 6
 }
 
 // Active returns the backends that receive new connections (Weight > 0), in
@@ -110,13 +194,28 @@ func (s *ServicePort) Active() []Backend {
 
 // TotalWeight returns the sum of the weights of the active backends.
 func (s *ServicePort) TotalWeight() float64 {
+	return SumWeights(s.Backends)
+}
+
+// SumWeights returns the sum of the positive weights of bs.
+func SumWeights(bs []Backend) float64 {
 	var sum float64
-	for _, b := range s.Backends {
+	for _, b := range bs {
 		if b.Weight > 0 {
 			sum += b.Weight
 		}
 	}
 	return sum
+}
+
+// Equal reports whether two Service ports describe the same thing.
+func (s *ServicePort) Equal(o *ServicePort) bool {
+	return s.Name == o.Name && s.VIP == o.VIP && s.Scheduler == o.Scheduler &&
+		s.NodePort == o.NodePort && slices.Equal(s.ExternalIPs, o.ExternalIPs) &&
+		slices.Equal(s.LoadBalancerIPs, o.LoadBalancerIPs) && slices.Equal(s.SourceRanges, o.SourceRanges) &&
+		s.ExternalLocal == o.ExternalLocal && s.InternalLocal == o.InternalLocal &&
+		s.HealthCheckNodePort == o.HealthCheckNodePort && s.AffinitySeconds == o.AffinitySeconds &&
+		slices.Equal(s.Backends, o.Backends)
 }
 
 func sortBackends(bs []Backend) {

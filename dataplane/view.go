@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -27,6 +28,48 @@ type ServiceView struct {
 	// A view with no backends and no Reject describes a VIP whose packets the
 	// kernel passes on unchanged: a broken or half-removed ruleset.
 	Reject bool `json:"reject,omitempty"`
+
+	// Entry is how connections reach the Service port here: EntryClusterIP,
+	// EntryNodePort (VIP is then 0.0.0.0 or ::, standing for every address
+	// in NodeAddresses), EntryExternalIP or EntryLoadBalancer. Empty is read
+	// as EntryClusterIP (views of dataplanes that do not tell).
+	Entry string `json:"entry,omitempty"`
+	// Policy is the traffic policy in force for this entry: "Cluster" or
+	// "Local" (the internal policy for the clusterIP, else the external one).
+	// Shares are those seen by a client from off the cluster.
+	Policy string `json:"policy,omitempty"`
+	// Drop is true when new connections from off the cluster are dropped
+	// (a Local policy with no local endpoint).
+	Drop bool `json:"drop,omitempty"`
+	// SourceRanges are the only clients a load-balancer entry accepts.
+	SourceRanges []string `json:"sourceRanges,omitempty"`
+	// AffinitySeconds is the ClientIP session affinity timeout; 0: none.
+	AffinitySeconds int `json:"affinitySeconds,omitempty"`
+	// NodeAddresses are the node addresses a node port listens on. Shown,
+	// not compared by Diff: the desired state does not know them.
+	NodeAddresses []string `json:"nodeAddresses,omitempty"`
+}
+
+// The entry points of a Service port.
+const (
+	EntryClusterIP    = "clusterIP"
+	EntryNodePort     = "nodePort"
+	EntryExternalIP   = "externalIP"
+	EntryLoadBalancer = "loadBalancer"
+)
+
+// The traffic policies.
+const (
+	PolicyCluster = "Cluster"
+	PolicyLocal   = "Local"
+)
+
+// AnyAddr returns the VIP string a node-port view carries for a family.
+func AnyAddr(family int) string {
+	if family == 6 {
+		return "::"
+	}
+	return "0.0.0.0"
 }
 
 // BackendView is one backend and its share of new connections in percent.
@@ -50,24 +93,58 @@ func RoundShare(percent float64) float64 {
 // probabilities are far more precise than that.
 const ShareTolerance = 2e-4
 
-// Expected returns the views a correctly programmed kernel shows for s.
+// Expected returns the views a correctly programmed kernel shows for s: one
+// per entry point of each Service port (clusterIP, node port, each external
+// and load-balancer IP), with the shares an off-cluster client sees.
 func Expected(s State) []ServiceView {
 	views := make([]ServiceView, 0, len(s.Services))
 	for i := range s.Services {
 		sp := &s.Services[i]
-		v := ServiceView{
-			Service:  sp.Name.String(),
-			VIP:      sp.VIP.IP.String(),
-			Port:     sp.VIP.Port,
-			Protocol: sp.VIP.Protocol,
-			Backends: []BackendView{},
+		// A Service port with no usable endpoint at all is refused
+		// everywhere, whatever its policies.
+		none := len(sp.Active()) == 0
+		view := func(entry, ip string, port uint16, local bool, bs []Backend) ServiceView {
+			v := ServiceView{
+				Service:         sp.Name.String(),
+				VIP:             ip,
+				Port:            port,
+				Protocol:        sp.VIP.Protocol,
+				Backends:        []BackendView{},
+				Entry:           entry,
+				Policy:          PolicyCluster,
+				AffinitySeconds: sp.AffinitySeconds,
+			}
+			if local {
+				v.Policy = PolicyLocal
+			}
+			total := SumWeights(bs)
+			for _, b := range bs {
+				v.Backends = append(v.Backends, BackendView{IP: b.IP.String(), Port: b.Port, Share: RoundShare(100 * b.Weight / total)})
+			}
+			if len(v.Backends) == 0 {
+				v.Reject, v.Drop = none, !none
+			}
+			if v.Reject {
+				// Refused before any policy applies.
+				v.Policy = ""
+			}
+			return v
 		}
-		total := sp.TotalWeight()
-		for _, b := range sp.Active() {
-			v.Backends = append(v.Backends, BackendView{IP: b.IP.String(), Port: b.Port, Share: RoundShare(100 * b.Weight / total)})
+		views = append(views, view(EntryClusterIP, sp.VIP.IP.String(), sp.VIP.Port, sp.InternalLocal, sp.InternalBackends()))
+		ext := sp.ExternalBackends()
+		if sp.NodePort != 0 {
+			views = append(views, view(EntryNodePort, AnyAddr(sp.Family()), sp.NodePort, sp.ExternalLocal, ext))
 		}
-		v.Reject = len(v.Backends) == 0
-		views = append(views, v)
+		for _, ip := range sp.ExternalIPs {
+			views = append(views, view(EntryExternalIP, ip.String(), sp.VIP.Port, sp.ExternalLocal, ext))
+		}
+		for _, ip := range sp.LoadBalancerIPs {
+			v := view(EntryLoadBalancer, ip.String(), sp.VIP.Port, sp.ExternalLocal, ext)
+			for _, r := range sp.SourceRanges {
+				v.SourceRanges = append(v.SourceRanges, r.String())
+			}
+			views = append(views, v)
+		}
 	}
 	SortViews(views)
 	return views
@@ -87,6 +164,13 @@ func SortViews(views []ServiceView) {
 		}
 		return a.Protocol < b.Protocol
 	})
+}
+
+func entryOf(v ServiceView) string {
+	if v.Entry == "" {
+		return EntryClusterIP
+	}
+	return v.Entry
 }
 
 func lessAddr(ipa string, pa uint16, ipb string, pb uint16) bool {
@@ -115,6 +199,8 @@ func (v ServiceView) Line() string {
 	switch {
 	case v.Reject:
 		b.WriteString("  reject (no endpoints)")
+	case v.Drop:
+		b.WriteString("  drop (no local endpoints)")
 	case len(v.Backends) == 0:
 		b.WriteString("  not forwarded")
 	}
@@ -123,6 +209,24 @@ func (v ServiceView) Line() string {
 	}
 	if v.Service != "" {
 		b.WriteString("  " + v.Service)
+	}
+	// The plain case (a clusterIP, Cluster policy, no affinity) keeps the
+	// short line; anything else says how the connection got here.
+	if v.Entry != "" && (v.Entry != EntryClusterIP || v.Policy == PolicyLocal || v.AffinitySeconds > 0) {
+		attrs := []string{v.Entry}
+		if len(v.NodeAddresses) > 0 {
+			attrs = append(attrs, "on "+strings.Join(v.NodeAddresses, ","))
+		}
+		if v.Policy != "" {
+			attrs = append(attrs, "policy "+v.Policy)
+		}
+		if len(v.SourceRanges) > 0 {
+			attrs = append(attrs, "from "+strings.Join(v.SourceRanges, ","))
+		}
+		if v.AffinitySeconds > 0 {
+			attrs = append(attrs, fmt.Sprintf("affinity ClientIP %ds", v.AffinitySeconds))
+		}
+		b.WriteString("  [" + strings.Join(attrs, ", ") + "]")
 	}
 	return b.String()
 }
@@ -199,7 +303,13 @@ func Diff(want, live []ServiceView) []string {
 }
 
 func sameView(a, b ServiceView) bool {
-	if a.Service != b.Service || len(a.Backends) != len(b.Backends) || a.Reject != b.Reject {
+	if a.Service != b.Service || len(a.Backends) != len(b.Backends) || a.Reject != b.Reject || a.Drop != b.Drop {
+		return false
+	}
+	if entryOf(a) != entryOf(b) || (a.Policy != "" && b.Policy != "" && a.Policy != b.Policy) {
+		return false
+	}
+	if a.AffinitySeconds != b.AffinitySeconds || !slices.Equal(a.SourceRanges, b.SourceRanges) {
 		return false
 	}
 	for i := range a.Backends {
