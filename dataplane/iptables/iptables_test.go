@@ -79,6 +79,7 @@ func TestRenderTenNinety(t *testing.T) {
 	sep2 := EndpointChain(s.Services[0].Name, dataplane.TCP, s.Services[0].Backends[1])
 	want := strings.NewReplacer("SVC", string(svc), "SEP1", string(sep1), "SEP2", string(sep2)).Replace(`*filter
 :STEELYARD-SERVICES - [0:0]
+:STEELYARD-NODEPORTS - [0:0]
 :STEELYARD-FORWARD - [0:0]
 -A STEELYARD-SERVICES -d 198.18.0.11/32 -p udp -m comment --comment "demo/empty:dns has no endpoints" -m udp --dport 53 -j REJECT --reject-with icmp-port-unreachable
 -A STEELYARD-FORWARD -m comment --comment "steelyard: forward masqueraded service traffic" -m mark --mark 0x2000/0x2000 -j ACCEPT
@@ -86,6 +87,7 @@ func TestRenderTenNinety(t *testing.T) {
 COMMIT
 *nat
 :STEELYARD-SERVICES - [0:0]
+:STEELYARD-NODEPORTS - [0:0]
 :STEELYARD-MARK-MASQ - [0:0]
 :STEELYARD-POSTROUTING - [0:0]
 :SVC - [0:0]

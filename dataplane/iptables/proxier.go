@@ -8,6 +8,7 @@ package iptables
 import (
 	"fmt"
 	"math"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -37,6 +38,8 @@ var jumps = []jump{
 	{TableNAT, "POSTROUTING", []string{"-m", "comment", "--comment", "steelyard postrouting", "-j", string(ChainPostrouting)}},
 	{TableFilter, "FORWARD", []string{"-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "steelyard service portals", "-j", string(ChainServices)}},
 	{TableFilter, "OUTPUT", []string{"-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "steelyard service portals", "-j", string(ChainServices)}},
+	// Node ports (and external IPs the node holds) are delivered locally.
+	{TableFilter, "INPUT", []string{"-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "steelyard service portals", "-j", string(ChainServices)}},
 	{TableFilter, "FORWARD", []string{"-m", "comment", "--comment", "steelyard forwarding rules", "-j", string(ChainForward)}},
 }
 
@@ -51,6 +54,10 @@ type Proxier struct {
 	rendered *Rules
 	// LastSync describes the last successful Sync, for logs and benchmarks.
 	LastSync SyncStats
+	// NodeAddresses, when set, is called at each Sync for the addresses
+	// node ports are open on (it replaces Config.NodePortAddresses), so an
+	// address added to the node later is picked up.
+	NodeAddresses func() []netip.Addr
 }
 
 // SyncStats describes one Sync.
@@ -80,6 +87,9 @@ func NewProxier(ipt Interface, cfg Config) *Proxier {
 // deletes every steelyard chain that should not exist.
 func (p *Proxier) Sync(s dataplane.State, full bool) error {
 	start := time.Now()
+	if p.NodeAddresses != nil {
+		p.cfg.NodePortAddresses = p.NodeAddresses()
+	}
 	desired := renderWith(s, p.cfg, p.rendered)
 	p.rendered = desired
 	stats := SyncStats{Render: time.Since(start), RulesTotal: desired.Count()}
@@ -159,7 +169,7 @@ func partialDiff(applied, desired *Rules) (write, remove map[Table][]Chain) {
 	}
 	// The shared and static chains.
 	for _, t := range desired.Tables() {
-		for _, c := range []Chain{ChainServices, ChainForward, ChainMarkMasq, ChainPostrouting} {
+		for _, c := range []Chain{ChainServices, ChainNodePorts, ChainForward, ChainMarkMasq, ChainPostrouting} {
 			if desired.Has(t, c) && changed(t, c) {
 				write[t] = append(write[t], c)
 			}

@@ -21,6 +21,13 @@ type Config struct {
 	// MasqueradeBit is the fwmark bit that asks STEELYARD-POSTROUTING to
 	// masquerade; 13 (0x2000) by default, away from kube-proxy's 14 and 15.
 	MasqueradeBit int
+	// NodePortAddresses are the node's addresses on which node ports are
+	// open (--nodeport-addresses); addresses of the other family are
+	// ignored. None: no node port is reachable.
+	NodePortAddresses []netip.Addr
+	// Family (4 or 6) is the IP family of the tables written; 0 guesses
+	// from the State.
+	Family int
 }
 
 // DefaultMasqueradeBit is the fwmark bit used when Config leaves it zero.
@@ -126,17 +133,20 @@ func (f *fragment) add(t Table, c Chain, args ...string) {
 func (f *fragment) owned() []fragmentChain {
 	out := make([]fragmentChain, 0, len(f.chains))
 	for _, fc := range f.chains {
-		if fc.chain != ChainServices {
+		if !sharedChains[fc.chain] {
 			out = append(out, fc)
 		}
 	}
 	return out
 }
 
+// sharedChains hold rules of many Service ports.
+var sharedChains = map[Chain]bool{ChainServices: true, ChainNodePorts: true}
+
 func (r *Rules) merge(f *fragment) {
 	for _, fc := range f.chains {
 		tr := r.tables[fc.table]
-		if fc.chain == ChainServices {
+		if sharedChains[fc.chain] {
 			tr.rules[fc.chain] = append(tr.rules[fc.chain], fc.rules...)
 			continue
 		}
@@ -150,7 +160,7 @@ func (r *Rules) merge(f *fragment) {
 
 // sameServicePort reports whether two Service ports render identically.
 func sameServicePort(a, b *dataplane.ServicePort) bool {
-	return a.Name == b.Name && a.VIP == b.VIP && slices.Equal(a.Backends, b.Backends)
+	return a.Equal(b)
 }
 
 // Render turns a desired State into steelyard's chains. It never touches the
@@ -165,15 +175,23 @@ func Render(s dataplane.State, cfg Config) *Rules {
 func renderWith(s dataplane.State, cfg Config, prev *Rules) *Rules {
 	r := newRules()
 	mark := cfg.markMask()
+	// The family of the State: node addresses of the other one are left
+	// out (a dual-stack node runs one proxier per family).
+	family := cfg.Family
+	if family == 0 && len(s.Services) > 0 {
+		family = s.Services[0].Family()
+	}
 
 	// Static chains, always present so the jumps from built-in chains
 	// always have a target.
 	r.chain(TableFilter, ChainServices)
+	r.chain(TableFilter, ChainNodePorts)
 	r.add(TableFilter, ChainForward, "-m", "comment", "--comment", quote("steelyard: forward masqueraded service traffic"),
 		"-m", "mark", "--mark", mark+"/"+mark, "-j", "ACCEPT")
 	r.add(TableFilter, ChainForward, "-m", "comment", "--comment", quote("steelyard: forward replies of service traffic"),
 		"-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT")
 	r.chain(TableNAT, ChainServices)
+	r.chain(TableNAT, ChainNodePorts)
 	r.add(TableNAT, ChainMarkMasq, "-j", "MARK", "--set-xmark", mark+"/"+mark)
 	r.add(TableNAT, ChainPostrouting, "-m", "mark", "!", "--mark", mark+"/"+mark, "-j", "RETURN")
 	// Clear the bit so a packet that is re-routed is not masqueraded twice.
@@ -191,10 +209,43 @@ func renderWith(s dataplane.State, cfg Config, prev *Rules) *Rules {
 		}
 		f := &fragment{sp: *sp}
 		f.sp.Backends = slices.Clone(sp.Backends)
+		f.sp.ExternalIPs = slices.Clone(sp.ExternalIPs)
+		f.sp.LoadBalancerIPs = slices.Clone(sp.LoadBalancerIPs)
+		f.sp.SourceRanges = slices.Clone(sp.SourceRanges)
 		renderService(f, sp, cfg)
 		r.merge(f)
 	}
+	// Node ports last, as kube-proxy does: a VIP rule wins over a node
+	// address that happens to match.
+	for _, ip := range cfg.NodePortAddresses {
+		if family != 0 && ip.Is4() != (family == 4) {
+			continue
+		}
+		for _, t := range []Table{TableNAT, TableFilter} {
+			r.add(t, ChainServices, "-d", hostPrefix(ip), "-m", "comment", "--comment", quote("steelyard: node ports"), "-j", string(ChainNodePorts))
+		}
+	}
 	return r
+}
+
+// Comment suffixes name the entry point of a rule in the shared chains;
+// explain reads them back.
+const (
+	suffixExternalIP   = " external IP"
+	suffixLoadBalancer = " loadbalancer IP"
+	suffixNodePort     = " node port"
+	// Filter rules: why a new connection is refused or dropped.
+	suffixNoEndpoints      = " has no endpoints"
+	suffixNoLocalEndpoints = " has no local endpoints"
+	suffixSourceNotAllowed = " source not allowed"
+)
+
+// entryMatch is one way into a Service port: the matches of its rule in a
+// shared chain, and the comment suffix naming it.
+type entryMatch struct {
+	chain  Chain // ChainServices or ChainNodePorts
+	args   []string
+	suffix string
 }
 
 func renderService(r *fragment, sp *dataplane.ServicePort, cfg Config) {
@@ -202,60 +253,231 @@ func renderService(r *fragment, sp *dataplane.ServicePort, cfg Config) {
 	proto := sp.VIP.Protocol.Lower()
 	dst := hostPrefix(sp.VIP.IP)
 	dport := strconv.Itoa(int(sp.VIP.Port))
-	active := sp.Active()
+	// The external entry points, in rule order.
+	var external []entryMatch
+	if sp.NodePort != 0 {
+		external = append(external, entryMatch{ChainNodePorts, []string{"-p", proto}, suffixNodePort})
+	}
+	for _, ip := range sp.ExternalIPs {
+		external = append(external, entryMatch{ChainServices, []string{"-d", hostPrefix(ip), "-p", proto}, suffixExternalIP})
+	}
+	for _, ip := range sp.LoadBalancerIPs {
+		external = append(external, entryMatch{ChainServices, []string{"-d", hostPrefix(ip), "-p", proto}, suffixLoadBalancer})
+	}
+	portOf := func(e entryMatch) string {
+		if e.chain == ChainNodePorts {
+			return strconv.Itoa(int(sp.NodePort))
+		}
+		return dport
+	}
+	// filterRule refuses (REJECT) or drops new connections through an entry
+	// point that nothing DNATed. The filter table sees forwarded (FORWARD),
+	// local (INPUT: node ports) and locally originated (OUTPUT) connections.
+	filterRule := func(e entryMatch, why, verdict string) {
+		args := append(slices.Clone(e.args), "-m", "comment", "--comment", quote(name+e.suffix+why), "-m", proto, "--dport", portOf(e))
+		if verdict == "REJECT" {
+			args = append(args, "-j", "REJECT", "--reject-with", rejectWith(sp.VIP.IP))
+		} else {
+			args = append(args, "-j", "DROP")
+		}
+		r.add(TableFilter, e.chain, args...)
+	}
+	internal := entryMatch{ChainServices, []string{"-d", dst, "-p", proto}, ""}
 
+	active := sp.Active()
 	if len(active) == 0 {
-		// Refuse at once instead of letting the client time out. The filter
-		// table sees forwarded (FORWARD) and local (OUTPUT) connections.
-		r.add(TableFilter, ChainServices, "-d", dst, "-p", proto, "-m", "comment", "--comment", quote(name+" has no endpoints"),
-			"-m", proto, "--dport", dport, "-j", "REJECT", "--reject-with", "icmp-port-unreachable")
+		// Refuse at once instead of letting the client time out.
+		filterRule(internal, suffixNoEndpoints, "REJECT")
+		for _, e := range external {
+			filterRule(e, suffixNoEndpoints, "REJECT")
+		}
 		return
 	}
 
+	cluster := sp.ClusterBackends()
+	if len(cluster) == 0 {
+		// The controller never leaves topology with nothing; be safe.
+		cluster = active
+	}
+	local := sp.LocalBackends()
 	svc := ServiceChain(sp.Name, sp.VIP.Protocol)
-	r.add(TableNAT, ChainServices, "-d", dst, "-p", proto, "-m", "comment", "--comment", quote(name),
-		"-m", proto, "--dport", dport, "-j", string(svc))
+	svl := LocalChain(sp.Name, sp.VIP.Protocol)
+	ext := ExternalChain(sp.Name, sp.VIP.Protocol)
+	usesSVC := !sp.InternalLocal || len(external) > 0
+	usesSVL := (sp.InternalLocal || (len(external) > 0 && sp.ExternalLocal)) && len(local) > 0
 
-	// Off-cluster clients are masqueraded so the reply comes back through
-	// this node and is un-DNATed.
+	// Internal traffic: the clusterIP.
 	switch {
-	case cfg.MasqueradeAll:
-		r.add(TableNAT, svc, "-d", dst, "-p", proto, "-m", "comment", "--comment", quote(name+" masquerade"),
-			"-m", proto, "--dport", dport, "-j", string(ChainMarkMasq))
-	case len(cfg.ClusterCIDRs) == 1:
-		r.add(TableNAT, svc, "!", "-s", cfg.ClusterCIDRs[0].String(), "-d", dst, "-p", proto, "-m", "comment", "--comment", quote(name+" off-cluster"),
-			"-m", proto, "--dport", dport, "-j", string(ChainMarkMasq))
-	case len(cfg.ClusterCIDRs) > 1:
-		// "not in any of these ranges": RETURN-free form with one rule per
-		// range would OR them; use a sub-chain-free trick instead: mark, then
-		// clear the mark for each cluster range.
-		r.add(TableNAT, svc, "-m", "comment", "--comment", quote(name+" off-cluster"), "-j", string(ChainMarkMasq))
-		for _, c := range cfg.ClusterCIDRs {
-			r.add(TableNAT, svc, "-s", c.String(), "-m", "comment", "--comment", quote(name+" in-cluster"),
-				"-j", "MARK", "--set-xmark", "0x0/"+cfg.markMask())
+	case !sp.InternalLocal:
+		r.add(TableNAT, ChainServices, "-d", dst, "-p", proto, "-m", "comment", "--comment", quote(name),
+			"-m", proto, "--dport", dport, "-j", string(svc))
+	case len(local) > 0:
+		r.add(TableNAT, ChainServices, "-d", dst, "-p", proto, "-m", "comment", "--comment", quote(name),
+			"-m", proto, "--dport", dport, "-j", string(svl))
+	default:
+		// internalTrafficPolicy Local without a local endpoint: drop, as
+		// kube-proxy does.
+		filterRule(internal, suffixNoLocalEndpoints, "DROP")
+	}
+
+	// External traffic: node port, external IPs, load-balancer IPs.
+	if len(external) > 0 {
+		fw := FirewallChain(sp.Name, sp.VIP.Protocol)
+		for _, e := range external {
+			target := ext
+			if e.suffix == suffixLoadBalancer && len(sp.SourceRanges) > 0 {
+				target = fw
+			}
+			args := append(slices.Clone(e.args), "-m", "comment", "--comment", quote(name+e.suffix), "-m", proto, "--dport", portOf(e), "-j", string(target))
+			r.add(TableNAT, e.chain, args...)
+		}
+		if len(sp.LoadBalancerIPs) > 0 && len(sp.SourceRanges) > 0 {
+			// Allowed sources go on; the others reach the filter table
+			// still aimed at the load-balancer IP and are dropped there.
+			for _, src := range sp.SourceRanges {
+				r.add(TableNAT, fw, "-s", src.String(), "-m", "comment", "--comment", quote(name+" loadBalancerSourceRanges"), "-j", string(ext))
+			}
+		}
+		if !sp.ExternalLocal {
+			// Cluster policy: the endpoint may be on another node, so the
+			// reply must come back through this one (kube-proxy does the same).
+			r.add(TableNAT, ext, "-m", "comment", "--comment", quote("masquerade traffic for "+name+" external destinations"), "-j", string(ChainMarkMasq))
+			r.add(TableNAT, ext, "-j", string(svc))
+		} else {
+			// Local policy: pods and the node itself still reach every
+			// endpoint (the node masqueraded); others keep their source
+			// address and reach only this node's endpoints.
+			for _, c := range cidrsOf(cfg.ClusterCIDRs, sp.VIP.IP) {
+				r.add(TableNAT, ext, "-s", c.String(), "-m", "comment", "--comment", quote("pod traffic for "+name+" external destinations"), "-j", string(svc))
+			}
+			r.add(TableNAT, ext, "-m", "comment", "--comment", quote("masquerade LOCAL traffic for "+name+" external destinations"),
+				"-m", "addrtype", "--src-type", "LOCAL", "-j", string(ChainMarkMasq))
+			r.add(TableNAT, ext, "-m", "comment", "--comment", quote("route LOCAL traffic for "+name+" external destinations"),
+				"-m", "addrtype", "--src-type", "LOCAL", "-j", string(svc))
+			if len(local) > 0 {
+				r.add(TableNAT, ext, "-j", string(svl))
+			}
+		}
+		for _, e := range external {
+			switch {
+			case sp.ExternalLocal && len(local) == 0:
+				filterRule(e, suffixNoLocalEndpoints, "DROP")
+			case e.suffix == suffixLoadBalancer && len(sp.SourceRanges) > 0:
+				filterRule(e, suffixSourceNotAllowed, "DROP")
+			}
 		}
 	}
 
-	weights := make([]float64, len(active))
-	for i, b := range active {
+	if usesSVC {
+		// Off-cluster clients of the clusterIP are masqueraded so the reply
+		// comes back through this node and is un-DNATed.
+		vipMatch := []string{"-d", dst, "-p", proto}
+		switch cidrs := cidrsOf(cfg.ClusterCIDRs, sp.VIP.IP); {
+		case cfg.MasqueradeAll:
+			r.add(TableNAT, svc, append(vipMatch, "-m", "comment", "--comment", quote(name+" masquerade"),
+				"-m", proto, "--dport", dport, "-j", string(ChainMarkMasq))...)
+		case len(cidrs) == 1:
+			r.add(TableNAT, svc, append([]string{"!", "-s", cidrs[0].String()}, append(vipMatch, "-m", "comment", "--comment", quote(name+" off-cluster"),
+				"-m", proto, "--dport", dport, "-j", string(ChainMarkMasq))...)...)
+		case len(cidrs) > 1:
+			// "Not in any of these ranges": mark, then clear the mark for
+			// each cluster range. Both match the VIP only, so a mark set
+			// by the external chain stays.
+			r.add(TableNAT, svc, append(slices.Clone(vipMatch), "-m", "comment", "--comment", quote(name+" off-cluster"),
+				"-m", proto, "--dport", dport, "-j", string(ChainMarkMasq))...)
+			for _, c := range cidrs {
+				r.add(TableNAT, svc, append([]string{"-s", c.String()}, append(slices.Clone(vipMatch), "-m", "comment", "--comment", quote(name+" in-cluster"),
+					"-m", proto, "--dport", dport, "-j", "MARK", "--set-xmark", "0x0/"+cfg.markMask())...)...)
+			}
+		}
+		renderSplit(r, svc, sp, cluster)
+	}
+	if usesSVL {
+		renderSplit(r, svl, sp, local)
+	}
+	var used [][]dataplane.Backend
+	if usesSVC {
+		used = append(used, cluster)
+	}
+	if usesSVL {
+		used = append(used, local)
+	}
+	seps := map[Chain]bool{}
+	for _, list := range used {
+		for _, b := range list {
+			sep := EndpointChain(sp.Name, sp.VIP.Protocol, b)
+			if seps[sep] {
+				continue
+			}
+			seps[sep] = true
+			// Hairpin: a pod reaching itself through the VIP must see the node
+			// as the source, or its reply would never be un-DNATed.
+			r.add(TableNAT, sep, "-s", hostPrefix(b.IP), "-m", "comment", "--comment", quote(name+" hairpin"), "-j", string(ChainMarkMasq))
+			dnat := []string{"-p", proto, "-m", "comment", "--comment", quote(name)}
+			if sp.AffinitySeconds > 0 {
+				dnat = append(dnat, "-m", "recent", "--set", "--name", string(sep), "--mask", fullMask(b.IP), "--rsource")
+			}
+			r.add(TableNAT, sep, append(dnat, "-m", proto, "-j", "DNAT", "--to-destination", b.Addr().String())...)
+		}
+	}
+}
+
+// renderSplit writes the rules of a Service or local chain that split new
+// connections across bs by weight; with session affinity, a client seen
+// within the timeout first goes back to the endpoint it had.
+func renderSplit(r *fragment, chain Chain, sp *dataplane.ServicePort, bs []dataplane.Backend) {
+	name := sp.Name.String()
+	if sp.AffinitySeconds > 0 {
+		for _, b := range bs {
+			sep := EndpointChain(sp.Name, sp.VIP.Protocol, b)
+			r.add(TableNAT, chain, "-m", "comment", "--comment", quote(fmt.Sprintf("%s -> %s affinity", name, b.Addr())),
+				"-m", "recent", "--rcheck", "--seconds", strconv.Itoa(sp.AffinitySeconds), "--reap", "--name", string(sep),
+				"--mask", fullMask(b.IP), "--rsource", "-j", string(sep))
+		}
+	}
+	weights := make([]float64, len(bs))
+	for i, b := range bs {
 		weights[i] = b.Weight
 	}
 	probs := Probabilities(weights)
-	for i, b := range active {
+	for i, b := range bs {
 		sep := EndpointChain(sp.Name, sp.VIP.Protocol, b)
 		comment := quote(fmt.Sprintf("%s -> %s weight %s", name, b.Addr(), formatWeight(b.Weight)))
-		if i < len(active)-1 {
-			r.add(TableNAT, svc, "-m", "comment", "--comment", comment,
+		if i < len(bs)-1 {
+			r.add(TableNAT, chain, "-m", "comment", "--comment", comment,
 				"-m", "statistic", "--mode", "random", "--probability", FormatProbability(probs[i]), "-j", string(sep))
 		} else {
-			r.add(TableNAT, svc, "-m", "comment", "--comment", comment, "-j", string(sep))
+			r.add(TableNAT, chain, "-m", "comment", "--comment", comment, "-j", string(sep))
 		}
-		// Hairpin: a pod reaching itself through the VIP must see the node
-		// as the source, or its reply would never be un-DNATed.
-		r.add(TableNAT, sep, "-s", hostPrefix(b.IP), "-m", "comment", "--comment", quote(name+" hairpin"), "-j", string(ChainMarkMasq))
-		r.add(TableNAT, sep, "-p", proto, "-m", "comment", "--comment", quote(name), "-m", proto,
-			"-j", "DNAT", "--to-destination", b.Addr().String())
 	}
+}
+
+// cidrsOf returns the prefixes of ps in ip's family.
+func cidrsOf(ps []netip.Prefix, ip netip.Addr) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range ps {
+		if p.Addr().Is4() == ip.Is4() {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// rejectWith is the ICMP error of a refused connection in ip's family.
+func rejectWith(ip netip.Addr) string {
+	if ip.Is4() {
+		return "icmp-port-unreachable"
+	}
+	return "icmp6-port-unreachable"
+}
+
+// fullMask is the recent match's --mask for one client address, written the
+// way iptables-save prints it.
+func fullMask(ip netip.Addr) string {
+	if ip.Is4() {
+		return "255.255.255.255"
+	}
+	return "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"
 }
 
 func hostPrefix(ip netip.Addr) string {

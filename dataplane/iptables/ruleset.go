@@ -49,12 +49,28 @@ type Rule struct {
 	NotMark             bool
 	// CTStates from -m conntrack --ctstate.
 	CTStates []string
+	// SrcLocal and DstLocal are -m addrtype --src-type/--dst-type LOCAL:
+	// +1 the address must be the node's own, -1 it must not, 0 no match.
+	SrcLocal, DstLocal int
+	// Recent is the -m recent match (session affinity); nil without one.
+	Recent *RecentMatch
 	// Jump is the -j target; its options follow in TargetArgs.
 	Jump       string
 	TargetArgs map[string]string
 	// Unknown lists options the tracer does not understand; a rule with
 	// any is treated as not matching.
 	Unknown []string
+}
+
+// RecentMatch is a -m recent match as steelyard writes it.
+type RecentMatch struct {
+	// Name is the list (the endpoint chain's name).
+	Name string
+	// Check is --rcheck (the client is in the list); otherwise --set (add
+	// the client to the list), which always matches.
+	Check bool
+	// Seconds is --seconds: how recent the entry must be; 0: any.
+	Seconds int
 }
 
 // ParseRuleset parses iptables-save output or iptables-restore input.
@@ -276,6 +292,57 @@ func ParseRule(text string) (*Rule, error) {
 				return nil, fmt.Errorf("rule %q: %w", text, err)
 			}
 			r.MarkValue, r.MarkMask, r.NotMark = val, mask, neg
+		case "--src-type", "--dst-type":
+			v, err := next()
+			if err != nil {
+				return nil, err
+			}
+			if v != "LOCAL" {
+				r.Unknown = append(r.Unknown, t+" "+v)
+				break
+			}
+			n := 1
+			if neg {
+				n = -1
+			}
+			if t == "--src-type" {
+				r.SrcLocal = n
+			} else {
+				r.DstLocal = n
+			}
+		case "--set", "--rcheck", "--update", "--remove":
+			if r.Recent == nil {
+				r.Recent = &RecentMatch{}
+			}
+			switch {
+			case neg:
+				r.Unknown = append(r.Unknown, "! "+t)
+			case t == "--rcheck":
+				r.Recent.Check = true
+			case t != "--set":
+				r.Unknown = append(r.Unknown, t)
+			}
+		case "--seconds", "--name", "--mask", "--hitcount":
+			v, err := next()
+			if err != nil {
+				return nil, err
+			}
+			if r.Recent == nil {
+				r.Recent = &RecentMatch{}
+			}
+			switch t {
+			case "--seconds":
+				n, err := strconv.Atoi(v)
+				if err != nil {
+					return nil, fmt.Errorf("rule %q: --seconds %q: %w", text, v, err)
+				}
+				r.Recent.Seconds = n
+			case "--name":
+				r.Recent.Name = v
+			case "--hitcount":
+				r.Unknown = append(r.Unknown, t+" "+v)
+			}
+		case "--reap", "--rsource", "--rttl":
 		case "--ctstate":
 			v, err := next()
 			if err != nil {

@@ -13,6 +13,18 @@ type Packet struct {
 	Protocol string // "tcp" or "udp"
 	DPort    int
 	Mark     uint32
+	// SrcLocal and DstLocal tell whether the source and destination are
+	// addresses of the node itself (-m addrtype ... LOCAL).
+	SrcLocal, DstLocal bool
+}
+
+// TraceInfo is what a trace saw besides outcomes.
+type TraceInfo struct {
+	// AffinitySeconds is the largest --seconds of the session-affinity
+	// checks (-m recent --rcheck) the walk passed: a client seen within it
+	// would have gone back to its previous endpoint. A traced packet is a
+	// new client's, so it never matches them.
+	AffinitySeconds int
 }
 
 // Outcome is where a share of new connections ends up.
@@ -42,21 +54,28 @@ const maxDepth = 32
 // the probabilities written in the rules. Outcomes with the same verdict,
 // destination and mark are merged.
 func (rs *Ruleset) Trace(t Table, start Chain, p Packet) ([]Outcome, error) {
+	outs, _, err := rs.TraceInfo(t, start, p)
+	return outs, err
+}
+
+// TraceInfo is Trace that also reports what the walk saw on its way.
+func (rs *Ruleset) TraceInfo(t Table, start Chain, p Packet) ([]Outcome, TraceInfo, error) {
 	tr := &tracer{rs: rs, table: t}
 	terms, rets, err := tr.walk(start, branch{mark: p.Mark, mass: 1}, p, 0)
 	if err != nil {
-		return nil, err
+		return nil, TraceInfo{}, err
 	}
 	for _, b := range rets {
 		// Falling off a user chain used as the start is like ACCEPT.
 		terms = append(terms, Outcome{Probability: b.mass, Verdict: "ACCEPT", Mark: b.mark})
 	}
-	return mergeOutcomes(terms), nil
+	return mergeOutcomes(terms), tr.info, nil
 }
 
 type tracer struct {
 	rs    *Ruleset
 	table Table
+	info  TraceInfo
 }
 
 // branch is a share of the walk that is still going: the mark so far and
@@ -76,6 +95,9 @@ func (tr *tracer) walk(c Chain, in branch, p Packet, depth int) (terms []Outcome
 	}
 	cur := []branch{in}
 	for _, r := range ch.Rules {
+		if r.Recent != nil && r.Recent.Check && len(r.Unknown) == 0 && slices.ContainsFunc(cur, func(b branch) bool { return b.mass > 0 }) {
+			tr.info.AffinitySeconds = max(tr.info.AffinitySeconds, r.Recent.Seconds)
+		}
 		// Fast path: most rules match no branch (a VIP walking the long
 		// STEELYARD-SERVICES chain); keep cur as it is.
 		if !slices.ContainsFunc(cur, func(b branch) bool { return b.mass > 0 && r.matches(p, b.mark) }) {
@@ -176,6 +198,14 @@ func (r *Rule) matches(p Packet, mark uint32) bool {
 		return false
 	}
 	if r.MarkMask != 0 && (mark&r.MarkMask == r.MarkValue) == r.NotMark {
+		return false
+	}
+	if (r.SrcLocal != 0 && (r.SrcLocal > 0) != p.SrcLocal) || (r.DstLocal != 0 && (r.DstLocal > 0) != p.DstLocal) {
+		return false
+	}
+	// A new client is in no affinity list: --rcheck never matches it, and
+	// --set always matches.
+	if r.Recent != nil && r.Recent.Check {
 		return false
 	}
 	// A traced packet is the first of a new connection.
