@@ -73,6 +73,34 @@ func New(mode Mode) (Interface, Mode, error) {
 	}, mode, nil
 }
 
+// New6 returns the real Interface for IPv6 (ip6tables, ip6tables-save,
+// ip6tables-restore) in mode, which must be ModeNFT or ModeLegacy (the
+// flavour New picked for IPv4: both families use the same one).
+func New6(mode Mode) (Interface, error) {
+	if mode != ModeNFT && mode != ModeLegacy {
+		return nil, fmt.Errorf("unknown iptables mode %q (want nft or legacy)", mode)
+	}
+	ipt, err := goipt.New(goipt.IPFamily(goipt.ProtocolIPv6), goipt.Path(tool6(mode, "ip6tables")), goipt.Timeout(5))
+	if err != nil {
+		return nil, fmt.Errorf("ip6tables (%s): %w", mode, err)
+	}
+	return &runner{
+		mode:    mode,
+		ipt:     ipt,
+		save:    tool6(mode, "ip6tables-save"),
+		restore: tool6(mode, "ip6tables-restore"),
+	}, nil
+}
+
+// tool6 is tool for the ip6tables family of commands.
+func tool6(mode Mode, name string) string {
+	flavoured := strings.Replace(name, "ip6tables", "ip6tables-"+string(mode), 1)
+	if p, err := exec.LookPath(flavoured); err == nil {
+		return p
+	}
+	return name
+}
+
 // tool returns the flavoured tool ("iptables-nft-save") when the host has
 // it, else the plain name.
 func tool(mode Mode, name string) string {
