@@ -3,6 +3,7 @@ package controller
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -65,14 +66,27 @@ func (p Problem) Unwrap() error { return p.Err }
 // behaviour instead of resetting weights. A Builder is not safe for
 // concurrent use: the sync loop owns it.
 type Builder struct {
-	// families are the IP families built. Only IPv4 today; adding IPv6 means
-	// adding AddressTypeIPv6 here and letting dataplanes accept v6 VIPs.
+	// families are the IP families built: IPv4, and IPv6 after EnableIPv6
+	// (only for a dataplane that programs both, such as iptables.DualStack).
 	families map[discoveryv1.AddressType]bool
+	// NodeName is this node's name: endpoints whose nodeName is it are
+	// Local (traffic policies). Empty: no endpoint is local.
+	NodeName string
+	// Zone is this node's topology.kubernetes.io/zone label: EndpointSlice
+	// hints and trafficDistribution PreferClose keep cluster-wide traffic
+	// in it. Empty: topology is not used.
+	Zone string
 	// lastValid holds, per object (by UID) and annotation, the parsed value in
 	// use after the previous Build. Rebuilt on every Build, which prunes
 	// objects that disappeared; absence of an annotation counts as its valid
 	// value, so it is not stored.
 	lastValid map[annotationRef]any
+}
+
+// EnableIPv6 makes the Builder build IPv6 Service ports as well (clusterIPs
+// and endpoints of that family), for a dataplane that programs both.
+func (b *Builder) EnableIPv6() {
+	b.families[discoveryv1.AddressTypeIPv6] = true
 }
 
 // NewBuilder returns a Builder with no memory of earlier annotations.
@@ -121,8 +135,13 @@ type build struct {
 //
 //   - Services: ExternalName and headless (clusterIP None) Services are
 //     skipped; a Service without a valid clusterIP is skipped with a Problem.
-//     Only the primary clusterIP is used, and only when it is IPv4. Only TCP
-//     and UDP ports are built; an empty protocol means TCP.
+//     Each clusterIP (clusterIPs, one per family) of a family the Builder
+//     builds (IPv4; IPv6 after EnableIPv6) gives its own Service ports. Only
+//     TCP and UDP ports are built; an empty protocol means TCP.
+//   - Entry points and policies (see externalOf): the node port (not for
+//     type ClusterIP), externalIPs and load-balancer ingress IPs of the
+//     clusterIP's family, loadBalancerSourceRanges, external and internal
+//     traffic policies, healthCheckNodePort, ClientIP session affinity.
 //   - Endpoints of a Service port: the EndpointSlices labelled with the
 //     Service's name in its namespace, of the VIP's address type, having a
 //     port with the same name and protocol as the Service port. Every address
@@ -136,6 +155,9 @@ type build struct {
 //     connections; when none is ready, the serving and terminating ones do.
 //     Other endpoints stay in the state with Weight 0, as do endpoints
 //     weighted 0 (drained).
+//   - Locality and topology: an endpoint whose nodeName is NodeName is
+//     Local; with a Zone, EndpointSlice hints (or trafficDistribution
+//     PreferClose) mark the others OutOfZone (see applyTopology).
 //   - Split: a Service with AnnotationSplit sends its connections to the named
 //     Services' endpoints (see splitBackends) instead of its own.
 //   - Two Service ports with the same VIP: the first by name wins, the other
@@ -277,16 +299,42 @@ func (bd *build) servicePorts(si *serviceInfo) []dataplane.ServicePort {
 		bd.problem(svc.Namespace, svc.Name, KindService, svc.Name, "", fmt.Errorf("no clusterIP, Service skipped"))
 		return nil
 	}
-	ip, err := netip.ParseAddr(svc.Spec.ClusterIP)
-	if err != nil || ip.Zone() != "" {
-		bd.problem(svc.Namespace, svc.Name, KindService, svc.Name, "", fmt.Errorf("invalid clusterIP %q, Service skipped", svc.Spec.ClusterIP))
-		return nil
+	clusterIPs := svc.Spec.ClusterIPs
+	if len(clusterIPs) == 0 || clusterIPs[0] != svc.Spec.ClusterIP {
+		clusterIPs = []string{svc.Spec.ClusterIP}
 	}
+	var out []dataplane.ServicePort
+	for i, raw := range clusterIPs {
+		ip, err := netip.ParseAddr(raw)
+		if err != nil || ip.Zone() != "" {
+			bd.problem(svc.Namespace, svc.Name, KindService, svc.Name, "", fmt.Errorf("invalid clusterIP %q, Service skipped", raw))
+			if i == 0 {
+				return nil
+			}
+			continue
+		}
+		family := addressTypeOf(ip)
+		if !bd.b.families[family] {
+			l.WithField(fieldVIP, ip).Debugf("%s clusterIP not supported, skipped", family)
+			continue
+		}
+		out = append(out, bd.familyPorts(si, ip)...)
+	}
+	// The IPVS scheduler annotation is resolved once per Service, so a bad
+	// value is one Problem whatever the number of ports and families.
+	sched := bd.scheduler(si)
+	for i := range out {
+		out[i].Scheduler = sched
+	}
+	return out
+}
+
+// familyPorts builds the ports of one Service for one of its clusterIPs.
+func (bd *build) familyPorts(si *serviceInfo, ip netip.Addr) []dataplane.ServicePort {
+	svc := si.svc
+	l := log.WithField(fieldSvc, svc.Namespace+"/"+svc.Name)
 	family := addressTypeOf(ip)
-	if !bd.b.families[family] {
-		l.WithField(fieldVIP, ip).Debugf("%s clusterIP not supported yet, Service skipped", family)
-		return nil
-	}
+	ext := bd.externalOf(si, ip)
 	var out []dataplane.ServicePort
 	seen := map[string]bool{}
 	for _, port := range svc.Spec.Ports {
@@ -307,9 +355,11 @@ func (bd *build) servicePorts(si *serviceInfo) []dataplane.ServicePort {
 			bd.problem(svc.Namespace, svc.Name, KindService, svc.Name, "", fmt.Errorf("port %q: number %d out of range, port skipped", portName(port), port.Port))
 			continue
 		}
-		sp := dataplane.ServicePort{
-			Name: dataplane.ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: portName(port)},
-			VIP:  dataplane.VIP{IP: ip, Port: uint16(port.Port), Protocol: proto},
+		sp := ext
+		sp.Name = dataplane.ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: portName(port)}
+		sp.VIP = dataplane.VIP{IP: ip, Port: uint16(port.Port), Protocol: proto}
+		if port.NodePort > 0 && port.NodePort <= 65535 && svc.Spec.Type != corev1.ServiceTypeClusterIP {
+			sp.NodePort = uint16(port.NodePort)
 		}
 		if si.hasSplit {
 			sp.Backends = bd.splitBackends(si, port, family)
@@ -321,11 +371,74 @@ func (bd *build) servicePorts(si *serviceInfo) []dataplane.ServicePort {
 	return out
 }
 
+// DefaultAffinitySeconds is sessionAffinity ClientIP's timeout when the
+// Service does not set one (the API server's default).
+const DefaultAffinitySeconds = 10800
+
+// externalOf returns the per-Service fields of a ServicePort (entry points
+// and policies) for the clusterIP ip; addresses of the other family are
+// left to that family's ServicePort.
+func (bd *build) externalOf(si *serviceInfo, ip netip.Addr) dataplane.ServicePort {
+	svc := si.svc
+	var sp dataplane.ServicePort
+	sameFamily := func(raw, what string) (netip.Addr, bool) {
+		a, err := netip.ParseAddr(strings.TrimSpace(raw))
+		if err != nil || a.Zone() != "" {
+			bd.problem(svc.Namespace, svc.Name, KindService, svc.Name, "", fmt.Errorf("%s %q is not an IP address, ignored", what, raw))
+			return netip.Addr{}, false
+		}
+		return a, a.Is4() == ip.Is4()
+	}
+	for _, raw := range svc.Spec.ExternalIPs {
+		if a, ok := sameFamily(raw, "externalIP"); ok && !slices.Contains(sp.ExternalIPs, a) {
+			sp.ExternalIPs = append(sp.ExternalIPs, a)
+		}
+	}
+	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		for _, ing := range svc.Status.LoadBalancer.Ingress {
+			// ipMode Proxy: the load balancer delivers to the node with its
+			// own address as destination, so the node must not capture
+			// the IP (kube-proxy skips it too).
+			if ing.IP == "" || (ing.IPMode != nil && *ing.IPMode == corev1.LoadBalancerIPModeProxy) {
+				continue
+			}
+			if a, ok := sameFamily(ing.IP, "load-balancer ingress IP"); ok && !slices.Contains(sp.LoadBalancerIPs, a) {
+				sp.LoadBalancerIPs = append(sp.LoadBalancerIPs, a)
+			}
+		}
+		for _, raw := range svc.Spec.LoadBalancerSourceRanges {
+			p, err := netip.ParsePrefix(strings.TrimSpace(raw))
+			if err != nil {
+				bd.problem(svc.Namespace, svc.Name, KindService, svc.Name, "", fmt.Errorf("loadBalancerSourceRanges %q: %w, ignored", raw, err))
+				continue
+			}
+			if p.Addr().Is4() == ip.Is4() {
+				sp.SourceRanges = append(sp.SourceRanges, p.Masked())
+			}
+		}
+	}
+	external := svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer || len(svc.Spec.ExternalIPs) > 0
+	sp.ExternalLocal = external && svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
+	sp.InternalLocal = svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
+	if sp.ExternalLocal && svc.Spec.HealthCheckNodePort > 0 && svc.Spec.HealthCheckNodePort <= 65535 {
+		sp.HealthCheckNodePort = uint16(svc.Spec.HealthCheckNodePort)
+	}
+	if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
+		sp.AffinitySeconds = DefaultAffinitySeconds
+		if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil && *c.ClientIP.TimeoutSeconds > 0 {
+			sp.AffinitySeconds = int(*c.ClientIP.TimeoutSeconds)
+		}
+	}
+	return sp
+}
+
 // backends returns the endpoints of one Service port with their weights, the
 // readiness rule applied.
 func (bd *build) backends(si *serviceInfo, port corev1.ServicePort, family discoveryv1.AddressType) []dataplane.Backend {
 	proto, _ := protocolOf(port.Protocol)
 	var out []dataplane.Backend
+	// hints[i] are the zones out[i] is hinted for (nil: no hint).
+	var hints [][]string
 	index := map[netip.AddrPort]int{}
 	for _, sl := range bd.slices[types.NamespacedName{Namespace: si.svc.Namespace, Name: si.svc.Name}] {
 		if sl.slice.AddressType != family {
@@ -347,6 +460,19 @@ func (bd *build) backends(si *serviceInfo, port corev1.ServicePort, family disco
 			if ep.TargetRef != nil {
 				name = ep.TargetRef.Name
 			}
+			var nodeName, zone string
+			if ep.NodeName != nil {
+				nodeName = *ep.NodeName
+			}
+			if ep.Zone != nil {
+				zone = *ep.Zone
+			}
+			var zoneHints []string
+			if ep.Hints != nil {
+				for _, z := range ep.Hints.ForZones {
+					zoneHints = append(zoneHints, z.Name)
+				}
+			}
 			for _, a := range ep.Addresses {
 				ip, err := netip.ParseAddr(a)
 				if err != nil || ip.Zone() != "" || addressTypeOf(ip) != family {
@@ -362,23 +488,69 @@ func (bd *build) backends(si *serviceInfo, port corev1.ServicePort, family disco
 					Ready:       ready,
 					Serving:     serving,
 					Terminating: terminating,
+					NodeName:    nodeName,
+					Zone:        zone,
+					Local:       bd.b.NodeName != "" && nodeName == bd.b.NodeName,
 				}
 				if i, dup := index[be.Addr()]; dup {
 					// The same IP:port in two slices (an endpoint moving
 					// between slices, or a pod IP reused while the old pod
 					// terminates): prefer the copy that is not terminating.
 					if out[i].Terminating && !be.Terminating {
-						out[i] = be
+						out[i], hints[i] = be, zoneHints
 					}
 					continue
 				}
 				index[be.Addr()] = len(out)
 				out = append(out, be)
+				hints = append(hints, zoneHints)
 			}
 		}
 	}
 	applyReadiness(out)
+	bd.applyTopology(si, out, hints)
 	return out
+}
+
+// applyTopology marks OutOfZone the endpoints that topology keeps
+// cluster-wide traffic away from, the way kube-proxy reads hints: only when
+// this node has a zone, every usable endpoint carries zone hints, and at
+// least one is hinted for this zone; then only those get cluster-wide
+// traffic. trafficDistribution PreferClose without hints (no EndpointSlice
+// controller filled them, as with manifests) hints each endpoint for its own
+// zone, which is what that controller does. Weights then apply among the
+// endpoints that remain.
+func (bd *build) applyTopology(si *serviceInfo, bs []dataplane.Backend, hints [][]string) {
+	zone := bd.b.Zone
+	if zone == "" {
+		return
+	}
+	preferClose := si.svc.Spec.TrafficDistribution != nil &&
+		(*si.svc.Spec.TrafficDistribution == corev1.ServiceTrafficDistributionPreferClose || *si.svc.Spec.TrafficDistribution == "PreferSameZone")
+	inZone := make([]bool, len(bs))
+	anyInZone := false
+	for i, b := range bs {
+		if b.Weight <= 0 {
+			continue
+		}
+		h := hints[i]
+		if len(h) == 0 && preferClose && b.Zone != "" {
+			h = []string{b.Zone}
+		}
+		if len(h) == 0 {
+			// One usable endpoint without hints: topology is off.
+			return
+		}
+		if slices.Contains(h, zone) {
+			inZone[i], anyInZone = true, true
+		}
+	}
+	if !anyInZone {
+		return
+	}
+	for i := range bs {
+		bs[i].OutOfZone = bs[i].Weight > 0 && !inZone[i]
+	}
 }
 
 // endpointWeight is the configured weight of one endpoint (see Build).
