@@ -57,7 +57,7 @@ func TestFilterMatch(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			var got []Flow
 			for _, f := range all {
-				if c.filter.Match(f) {
+				if c.filter.Match(f, nil) {
 					got = append(got, f)
 				}
 			}
@@ -99,5 +99,88 @@ func TestEmptyFilterIsRefused(t *testing.T) {
 	}
 	if got, _ := ct.List(); len(got) != 1 {
 		t.Errorf("a refused Delete changed the table: %v", got)
+	}
+}
+
+// Node ports are reached at the node's own addresses: OrigDstLocal with a
+// port, matched against the addresses the table knows as local.
+func TestNodePortFilters(t *testing.T) {
+	node, lan, other := netip.MustParseAddr("198.19.0.1"), netip.MustParseAddr("198.19.254.1"), netip.MustParseAddr("198.19.9.9")
+	node6 := netip.MustParseAddr("2001:2:0:fe::1")
+	toNode := natFlow(dataplane.UDP, client, 20000, node, 30053, pod1, 5353)
+	toLAN := natFlow(dataplane.UDP, client, 20001, lan, 30053, pod2, 5353)
+	otherPort := natFlow(dataplane.UDP, client, 20002, node, 30054, pod1, 5353)
+	raw := Flow{Protocol: dataplane.UDP, OrigSrc: ap(client, 20003), OrigDst: ap(node, 30053), ReplySrc: ap(node, 30053), ReplyDst: ap(client, 20003)}
+	outbound := Flow{Protocol: dataplane.UDP, OrigSrc: ap(node, 40000), OrigDst: ap(other, 30053), ReplySrc: ap(other, 30053), ReplyDst: ap(node, 40000)}
+	v6 := natFlow(dataplane.UDP, client6, 20004, node6, 30053, pod6, 5353)
+	raw6 := Flow{Protocol: dataplane.UDP, OrigSrc: ap(client6, 20005), OrigDst: ap(node6, 30053), ReplySrc: ap(node6, 30053), ReplyDst: ap(client6, 20005)}
+	all := []Flow{toNode, toLAN, otherPort, raw, outbound, v6, raw6}
+	local := NewLocal(node, lan, node6)
+
+	cases := []struct {
+		name   string
+		filter Filter
+		local  Local
+		want   []Flow
+	}{
+		{"node port to an endpoint", Filter{Protocol: dataplane.UDP, OrigDstLocal: true, OrigDstPort: 30053, ReplySrc: pod1, ReplySrcPort: 5353}, local, []Flow{toNode}},
+		{"whole node port, IPv4", Filter{Protocol: dataplane.UDP, OrigDstLocal: true, OrigDstPort: 30053, Family: 4}, local, []Flow{toNode, toLAN, raw}},
+		{"whole node port, any family", Filter{Protocol: dataplane.UDP, OrigDstLocal: true, OrigDstPort: 30053}, local, []Flow{toNode, toLAN, raw, v6, raw6}},
+		{"untranslated node port entries", Filter{Protocol: dataplane.UDP, OrigDstLocal: true, OrigDstPort: 30053, Untranslated: true, Family: 4}, local, []Flow{raw}},
+		{"untranslated IPv6", Filter{Protocol: dataplane.UDP, OrigDstLocal: true, OrigDstPort: 30053, Untranslated: true, Family: 6}, local, []Flow{raw6}},
+		{"one flow at a local address", Filter{Protocol: dataplane.UDP, OrigDst: lan, OrigDstPort: 30053, OrigDstLocal: true, ReplySrc: pod2, ReplySrcPort: 5353}, local, []Flow{toLAN}},
+		{"no local addresses known: nothing", Filter{Protocol: dataplane.UDP, OrigDstLocal: true, OrigDstPort: 30053}, nil, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var got []Flow
+			for _, f := range all {
+				if c.filter.Match(f, c.local) {
+					got = append(got, f)
+				}
+			}
+			if len(got) != len(c.want) {
+				t.Fatalf("%s matched %v, want %v", c.filter, got, c.want)
+			}
+			for i := range got {
+				if got[i] != c.want[i] {
+					t.Fatalf("%s matched %v, want %v", c.filter, got, c.want)
+				}
+			}
+		})
+	}
+
+	ct := NewFake(all...)
+	ct.SetLocal(node, lan, node6)
+	if n, err := ct.Delete(Filter{Protocol: dataplane.UDP, OrigDstLocal: true, OrigDstPort: 30053, ReplySrc: pod1}); err != nil || n != 1 {
+		t.Fatalf("Delete: %d, %v; want 1, nil", n, err)
+	}
+}
+
+func TestFilterValidate(t *testing.T) {
+	bad := []Filter{
+		{OrigDstLocal: true},                          // every flow to the node
+		{Protocol: dataplane.UDP, Untranslated: true}, // every untranslated flow
+		{OrigDstPort: 30053},                          // a port of any address
+		{ReplySrc: pod1, OrigDstPort: 30053},          // idem, of one endpoint
+		{OrigDst: vip, Family: 6},                     // families disagree
+		{OrigDst: vip, ReplySrc: pod6},
+		{OrigDstLocal: true, OrigDstPort: 30053, Family: 5},
+	}
+	for _, f := range bad {
+		if err := f.Validate(); err == nil {
+			t.Errorf("%s: valid, want an error", f)
+		}
+	}
+	good := []Filter{
+		{OrigDstLocal: true, OrigDstPort: 30053},
+		{OrigDstLocal: true, OrigDstPort: 30053, Family: 6, Untranslated: true},
+		{OrigDst: vip, OrigDstPort: 53, Untranslated: true},
+		{OrigDst: vip6, Family: 6},
+	}
+	for _, f := range good {
+		if err := f.Validate(); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
 	}
 }

@@ -1,12 +1,16 @@
 package conntrack
 
-import "sync"
+import (
+	"net/netip"
+	"sync"
+)
 
 // Fake is an in-memory conntrack table for unit tests. It applies the same
 // Filter matching as the real one and refuses invalid filters the same way.
 type Fake struct {
 	mu    sync.Mutex
 	flows []Flow
+	local Local
 }
 
 var _ Interface = (*Fake)(nil)
@@ -21,6 +25,13 @@ func (f *Fake) Add(flows ...Flow) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.flows = append(f.flows, flows...)
+}
+
+// SetLocal sets the node's own addresses, which OrigDstLocal filters match.
+func (f *Fake) SetLocal(addrs ...netip.Addr) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.local = NewLocal(addrs...)
 }
 
 // List returns a copy of the table.
@@ -42,7 +53,7 @@ func (f *Fake) Delete(filters ...Filter) (int, error) {
 	for _, fl := range f.flows {
 		hit := false
 		for _, flt := range filters {
-			if flt.Match(fl) {
+			if flt.Match(fl, f.local) {
 				hit = true
 				break
 			}

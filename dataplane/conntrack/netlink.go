@@ -24,9 +24,10 @@ var _ Interface = (*Netlink)(nil)
 // New opens a netfilter netlink socket in the calling thread's network
 // namespace; the Netlink value keeps using that namespace.
 func New() (*Netlink, error) {
-	// Only NETLINK_NETFILTER: the default set also opens XFRM sockets,
-	// which fail where that module is missing.
-	h, err := netlink.NewHandle(unix.NETLINK_NETFILTER)
+	// Only NETLINK_NETFILTER (conntrack) and NETLINK_ROUTE (the node's
+	// addresses, for OrigDstLocal): the default set also opens XFRM
+	// sockets, which fail where that module is missing.
+	h, err := netlink.NewHandle(unix.NETLINK_NETFILTER, unix.NETLINK_ROUTE)
 	if err != nil {
 		return nil, fmt.Errorf("conntrack: netlink socket: %w", err)
 	}
@@ -62,13 +63,25 @@ func (n *Netlink) Delete(filters ...Filter) (int, error) {
 	if err := validate(filters); err != nil {
 		return 0, err
 	}
+	var local Local
+	if needsLocal(filters) {
+		var err error
+		if local, err = n.localAddrs(); err != nil {
+			return 0, err
+		}
+	}
 	byFamily := map[netlink.InetFamily][]netlink.CustomConntrackFilter{}
 	for _, f := range filters {
-		fam := netlink.InetFamily(unix.AF_INET)
-		if filterIs6(f) {
-			fam = unix.AF_INET6
+		nf := netlinkFilter{f, local}
+		switch f.family() {
+		case 4:
+			byFamily[unix.AF_INET] = append(byFamily[unix.AF_INET], nf)
+		case 6:
+			byFamily[unix.AF_INET6] = append(byFamily[unix.AF_INET6], nf)
+		default:
+			byFamily[unix.AF_INET] = append(byFamily[unix.AF_INET], nf)
+			byFamily[unix.AF_INET6] = append(byFamily[unix.AF_INET6], nf)
 		}
-		byFamily[fam] = append(byFamily[fam], netlinkFilter{f})
 	}
 	total := 0
 	var errs []error
@@ -95,20 +108,36 @@ func noConntrack(err error) bool {
 	return errors.Is(err, syscall.EPROTONOSUPPORT) || errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.EAFNOSUPPORT)
 }
 
-func filterIs6(f Filter) bool {
-	for _, a := range []netip.Addr{f.OrigDst, f.ReplySrc, f.Addr} {
-		if a.IsValid() {
-			return a.Unmap().Is6()
+// localAddrs returns the addresses of every interface of the namespace.
+func (n *Netlink) localAddrs() (Local, error) {
+	var addrs []netlink.Addr
+	var err error
+	// A dump interrupted by an address change is incomplete: read again.
+	for try := 0; try < 3; try++ {
+		if addrs, err = n.h.AddrList(nil, netlink.FAMILY_ALL); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
 		}
 	}
-	return false
+	if err != nil {
+		return nil, fmt.Errorf("conntrack: listing the node's addresses: %w", err)
+	}
+	local := Local{}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			local[ip.Unmap()] = true
+		}
+	}
+	return local, nil
 }
 
 // netlinkFilter applies a Filter to netlink's flows.
-type netlinkFilter struct{ f Filter }
+type netlinkFilter struct {
+	f     Filter
+	local Local
+}
 
 func (nf netlinkFilter) MatchConntrackFlow(fl *netlink.ConntrackFlow) bool {
-	return nf.f.Match(fromNetlink(fl))
+	return nf.f.Match(fromNetlink(fl), nf.local)
 }
 
 func fromNetlink(f *netlink.ConntrackFlow) Flow {
