@@ -1,7 +1,9 @@
 package controller
 
 import (
+	"cmp"
 	"net/netip"
+	"slices"
 
 	"github.com/sirupsen/logrus"
 
@@ -23,50 +25,113 @@ var (
 
 var conntrackLog = logrus.WithField("subsys", "conntrack")
 
-// flowKey is one address a UDP Service port is reached at.
-type flowKey struct {
+// entryPoint is one address a UDP Service port is reached at: an IP and
+// port (the VIP, an external or load-balancer IP, with the Service port),
+// or a node port, written as the unspecified address of the port's family
+// with the node port ("any of this node's addresses").
+type entryPoint struct {
 	addr netip.AddrPort
 }
 
-// udpTarget is what one such address leads to after a sync.
+// nodePortEntry returns the entry point of node port port in the family of ip.
+func nodePortEntry(ip netip.Addr, port uint16) entryPoint {
+	if ip.Unmap().Is4() {
+		return entryPoint{netip.AddrPortFrom(netip.IPv4Unspecified(), port)}
+	}
+	return entryPoint{netip.AddrPortFrom(netip.IPv6Unspecified(), port)}
+}
+
+func (e entryPoint) isNodePort() bool { return e.addr.Addr().IsUnspecified() }
+
+func (e entryPoint) family() int {
+	if e.addr.Addr().Is4() {
+		return 4
+	}
+	return 6
+}
+
+// filter returns the filter for the UDP entries sent to e.
+func (e entryPoint) filter() conntrack.Filter {
+	if e.isNodePort() {
+		// The family, since the filter names no address: the node port
+		// of the Service port of the other family may stay as it is.
+		return conntrack.Filter{Protocol: dataplane.UDP, OrigDstLocal: true, OrigDstPort: e.addr.Port(), Family: e.family()}
+	}
+	return conntrack.Filter{Protocol: dataplane.UDP, OrigDst: e.addr.Addr(), OrigDstPort: e.addr.Port()}
+}
+
+// toBackend returns the filter for the entries sent to e and translated to b.
+func (e entryPoint) toBackend(b netip.AddrPort) conntrack.Filter {
+	f := e.filter()
+	f.ReplySrc, f.ReplySrcPort, f.Family = b.Addr(), b.Port(), 0
+	return f
+}
+
+// untranslated returns the filter for the entries sent to e that were
+// never translated.
+func (e entryPoint) untranslated() conntrack.Filter {
+	f := e.filter()
+	f.Untranslated = true
+	return f
+}
+
+// udpTarget is what one entry point leads to after a sync.
 type udpTarget struct {
 	// backends are the endpoints a flow may keep talking to: ready or
-	// serving. A weight-0 (drained) endpoint stays here: its established
-	// flows keep flowing, as for TCP.
+	// serving. As in kube-proxy, neither weights nor traffic policies nor
+	// topology count here: an endpoint drained to weight 0, or one a Local
+	// policy or a zone hint keeps new flows away from, keeps its
+	// established flows, as it would for TCP.
 	backends map[netip.AddrPort]bool
-	// active tells whether new flows are forwarded (some weight > 0).
+	// active tells whether new flows through this entry point are
+	// forwarded: the policy of the entry point (internal for the VIP,
+	// external for the others) leaves some endpoint.
 	active bool
 }
 
-// serviceAddrs returns the addresses clients reach sp at. Today that is the
-// ClusterIP VIP; NodePorts and external IPs join here, and every stale-flow
-// rule below then covers them too.
-func serviceAddrs(sp *dataplane.ServicePort) []netip.AddrPort {
-	return []netip.AddrPort{netip.AddrPortFrom(sp.VIP.IP, sp.VIP.Port)}
+// entryPoints returns the addresses clients reach sp at, and whether each
+// one follows the external traffic policy.
+func entryPoints(sp *dataplane.ServicePort) (eps []entryPoint, external []bool) {
+	add := func(a netip.AddrPort, ext bool) {
+		eps, external = append(eps, entryPoint{a}), append(external, ext)
+	}
+	add(netip.AddrPortFrom(sp.VIP.IP, sp.VIP.Port), false)
+	if sp.NodePort != 0 {
+		add(nodePortEntry(sp.VIP.IP, sp.NodePort).addr, true)
+	}
+	for _, ip := range sp.ExternalIPs {
+		add(netip.AddrPortFrom(ip, sp.VIP.Port), true)
+	}
+	for _, ip := range sp.LoadBalancerIPs {
+		add(netip.AddrPortFrom(ip, sp.VIP.Port), true)
+	}
+	return eps, external
 }
 
-// udpTargets indexes the UDP Service ports of s by address.
-func udpTargets(s *dataplane.State) map[flowKey]*udpTarget {
-	out := map[flowKey]*udpTarget{}
+// udpTargets indexes the UDP Service ports of s by entry point.
+func udpTargets(s *dataplane.State) map[entryPoint]*udpTarget {
+	out := map[entryPoint]*udpTarget{}
 	for i := range s.Services {
 		sp := &s.Services[i]
 		if sp.VIP.Protocol != dataplane.UDP {
 			continue
 		}
-		for _, a := range serviceAddrs(sp) {
-			k := flowKey{a}
-			t := out[k]
+		eps, external := entryPoints(sp)
+		for j, e := range eps {
+			t := out[e]
 			if t == nil {
 				t = &udpTarget{backends: map[netip.AddrPort]bool{}}
-				out[k] = t
+				out[e] = t
 			}
 			for _, b := range sp.Backends {
 				if b.Ready || b.Serving {
 					t.backends[b.Addr()] = true
 				}
-				if b.Weight > 0 {
-					t.active = true
-				}
+			}
+			if external[j] {
+				t.active = t.active || len(sp.ExternalBackends()) > 0
+			} else {
+				t.active = t.active || len(sp.InternalBackends()) > 0
 			}
 		}
 	}
@@ -75,17 +140,23 @@ func udpTargets(s *dataplane.State) map[flowKey]*udpTarget {
 
 // StaleFlows returns the filters that select the UDP conntrack entries the
 // change from prev to next leaves pointing at the wrong place, the way
-// kube-proxy clears them:
+// kube-proxy clears them. Each rule applies to every entry point of a UDP
+// Service port: the VIP, the node port (on any of this node's addresses),
+// each external IP and each load-balancer IP:
 //
 //   - an endpoint left a Service port (removed, or neither ready nor
-//     serving): entries from that address to that endpoint;
-//   - a Service port went away: every entry to its address;
-//   - a Service port got its first active endpoint: entries to its address
-//     that were never translated (their reply comes from the address
-//     itself), which would otherwise keep bypassing the new rules.
+//     serving): entries from each entry point to that endpoint;
+//   - an entry point went away (the Service port, or its node port, or one
+//     of its external or load-balancer IPs): every entry to it;
+//   - an entry point got its first endpoint under its traffic policy (or
+//     appeared with one): entries to it that were never translated, which
+//     would otherwise keep bypassing the new rules.
 //
-// Entries of endpoints that stay (also drained, weight-0 ones) and of other
-// addresses are never selected. The result is empty when nothing changed.
+// A change of traffic policy, topology or weight deletes nothing: an
+// endpoint that still serves keeps its established flows, as kube-proxy
+// does and as TCP connections do. Entries of endpoints that stay and of
+// other addresses are never selected. The result is empty when nothing
+// changed.
 func StaleFlows(prev, next *dataplane.State) []conntrack.Filter {
 	before, after := udpTargets(prev), udpTargets(next)
 	var out []conntrack.Filter
@@ -94,10 +165,11 @@ func StaleFlows(prev, next *dataplane.State) []conntrack.Filter {
 		if sp.VIP.Protocol != dataplane.UDP {
 			continue
 		}
-		for _, a := range serviceAddrs(sp) {
-			t := after[flowKey{a}]
+		eps, _ := entryPoints(sp)
+		for _, e := range eps {
+			t := after[e]
 			if t == nil {
-				out = append(out, conntrack.Filter{Protocol: dataplane.UDP, OrigDst: a.Addr(), OrigDstPort: a.Port()})
+				out = append(out, e.filter())
 				continue
 			}
 			for _, b := range sp.Backends {
@@ -105,24 +177,24 @@ func StaleFlows(prev, next *dataplane.State) []conntrack.Filter {
 					continue // its flows were cleared when it stopped serving
 				}
 				if !t.backends[b.Addr()] {
-					out = append(out, conntrack.Filter{Protocol: dataplane.UDP, OrigDst: a.Addr(), OrigDstPort: a.Port(), ReplySrc: b.IP, ReplySrcPort: b.Port})
+					out = append(out, e.toBackend(b.Addr()))
 				}
 			}
 		}
 	}
-	for i := range next.Services {
-		sp := &next.Services[i]
-		if sp.VIP.Protocol != dataplane.UDP {
-			continue
-		}
-		for _, a := range serviceAddrs(sp) {
-			t := after[flowKey{a}]
-			if was := before[flowKey{a}]; t.active && (was == nil || !was.active) {
-				out = append(out, conntrack.Filter{Protocol: dataplane.UDP, OrigDst: a.Addr(), OrigDstPort: a.Port(), ReplySrc: a.Addr()})
-			}
+	for e, t := range after {
+		if was := before[e]; t.active && (was == nil || !was.active) {
+			out = append(out, e.untranslated())
 		}
 	}
-	return dedupe(out)
+	return sortFilters(dedupe(out))
+}
+
+// sortFilters puts filters in a stable order (the map walk above is not),
+// for logs and tests.
+func sortFilters(fs []conntrack.Filter) []conntrack.Filter {
+	slices.SortStableFunc(fs, func(a, b conntrack.Filter) int { return cmp.Compare(a.String(), b.String()) })
+	return fs
 }
 
 func dedupe(fs []conntrack.Filter) []conntrack.Filter {
@@ -137,12 +209,16 @@ func dedupe(fs []conntrack.Filter) []conntrack.Filter {
 	return out
 }
 
-// StaleFlowsNow returns filters for the live flows that point at an
-// endpoint next does not have: used on the first sync after a start, when
-// there is no previous state to compare with (endpoints may have left
-// while the agent was down). Flows to current endpoints, un-translated
-// flows and flows to other addresses are kept, so a restart never breaks a
-// live UDP flow (kubernetes#122740).
+// StaleFlowsNow returns filters for the live flows that next makes stale:
+// used on the first sync after a start, when there is no previous state to
+// compare with (endpoints may have left while the agent was down). Like
+// kube-proxy's reconciliation, it selects, for each entry point of a UDP
+// Service port, the entries translated to an endpoint next does not have,
+// and the untranslated ones when the entry point forwards new flows. Flows
+// to current endpoints and flows to other addresses are kept, so a restart
+// never breaks a live UDP flow (kubernetes#122740). A flow to a node port is
+// recognised by its port; the filter also requires its destination to be one
+// of this node's addresses.
 func StaleFlowsNow(flows []conntrack.Flow, next *dataplane.State) []conntrack.Filter {
 	targets := udpTargets(next)
 	var out []conntrack.Filter
@@ -150,11 +226,28 @@ func StaleFlowsNow(flows []conntrack.Flow, next *dataplane.State) []conntrack.Fi
 		if f.Protocol != dataplane.UDP {
 			continue
 		}
-		t := targets[flowKey{f.OrigDst}]
-		if t == nil || f.ReplySrc.Addr() == f.OrigDst.Addr() || t.backends[f.ReplySrc] {
+		dst := netip.AddrPortFrom(f.OrigDst.Addr().Unmap(), f.OrigDst.Port())
+		e := entryPoint{dst}
+		t := targets[e]
+		nodePort := false
+		if t == nil {
+			e = nodePortEntry(dst.Addr(), dst.Port())
+			if t = targets[e]; t == nil {
+				continue
+			}
+			nodePort = true
+		}
+		untranslated := f.ReplySrc == f.OrigDst
+		if untranslated && !t.active || !untranslated && t.backends[f.ReplySrc] {
 			continue
 		}
-		out = append(out, conntrack.Filter{Protocol: dataplane.UDP, OrigDst: f.OrigDst.Addr(), OrigDstPort: f.OrigDst.Port(), ReplySrc: f.ReplySrc.Addr(), ReplySrcPort: f.ReplySrc.Port()})
+		flt := conntrack.Filter{Protocol: dataplane.UDP, OrigDst: dst.Addr(), OrigDstPort: dst.Port(), OrigDstLocal: nodePort}
+		if untranslated {
+			flt.Untranslated = true
+		} else {
+			flt.ReplySrc, flt.ReplySrcPort = f.ReplySrc.Addr(), f.ReplySrc.Port()
+		}
+		out = append(out, flt)
 	}
 	return dedupe(out)
 }
