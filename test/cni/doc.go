@@ -6,7 +6,14 @@
 //     1 s its datagrams reach another endpoint, `conntrack -L` shows no
 //     entry from the VIP to the removed endpoint, and unrelated flows (the
 //     same pod behind another VIP, the pod reached directly) keep their
-//     entries; an agent restart deletes no live flow;
+//     entries; an agent restart deletes no live flow; the same through a
+//     node port on the node's address and through an external IP (the
+//     flows move within 1 s, flows to the pod through another node port
+//     and directly keep their entries), also when the endpoint left while
+//     the agent was down (the first sync finds the stale node-port entry);
+//     a flow sent to a port before it became a node port (untranslated,
+//     refused by the node) reaches a pod within 1 s of the node port
+//     opening, while an untranslated flow to another port keeps its entry;
 //   - the real chain: the reference bridge and host-local plugins
 //     (containernetworking/plugins, built through the module proxy by
 //     scripts/cni-plugins.sh) then steelyard-cni, run through libcni for
@@ -32,6 +39,9 @@
 //
 //	198.18.0.13:53   UDP  dns    198.19.4.2 dns-1, 198.19.4.3 dns-2 (port 5353)
 //	198.18.0.16:123  UDP  other  the removed endpoint, behind another VIP
+//	198.19.0.1:30053 UDP  dns's node port (NodePort tests), on the node
+//	198.18.1.13:53   UDP  dns's external IP (NodePort tests)
+//	198.19.0.1:30054 UDP  other's node port, or a port that is none
 //	198.18.0.20:80   TCP  self   the chain's pod a (hairpin)
 //	198.18.0.21:53   UDP  echo   the chain's pods b and c (port 5353)
 //	198.19.64.0/24   the chain's bridge syb0: gateway .1, pods from .2 (host-local)

@@ -106,7 +106,12 @@ type service struct {
 	proto      string // "TCP" or "UDP"
 	port       int
 	targetPort int
-	endpoints  []endpoint
+	// nodePort, when set, makes it a NodePort Service (external traffic
+	// policy Cluster) on that port.
+	nodePort int
+	// externalIPs are the Service's spec.externalIPs.
+	externalIPs []string
+	endpoints   []endpoint
 }
 
 // yaml renders the Service and its EndpointSlice; endpoint weights go into
@@ -124,6 +129,13 @@ func (s service) yaml() string {
 			weights = append(weights, e.name+"=0")
 		}
 	}
+	typ, np := "", ""
+	if s.nodePort != 0 {
+		typ, np = "\n  type: NodePort", fmt.Sprintf(", nodePort: %d", s.nodePort)
+	}
+	if len(s.externalIPs) > 0 {
+		typ += "\n  externalIPs: [" + strings.Join(s.externalIPs, ", ") + "]"
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, `---
 apiVersion: v1
@@ -134,9 +146,9 @@ metadata:
   annotations:
     steelyard.io/weights: %q
 spec:
-  clusterIP: %s
+  clusterIP: %s%s
   ports:
-  - {name: p, port: %d, protocol: %s, targetPort: %d}
+  - {name: p, port: %d, protocol: %s, targetPort: %d%s}
 ---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
@@ -147,7 +159,7 @@ metadata:
 addressType: IPv4
 ports:
 - {name: p, port: %d, protocol: %s}
-endpoints:`, s.name, strings.Join(weights, ","), s.vip, s.port, s.proto, s.targetPort, s.name, s.name, s.targetPort, s.proto)
+endpoints:`, s.name, strings.Join(weights, ","), s.vip, typ, s.port, s.proto, s.targetPort, np, s.name, s.name, s.targetPort, s.proto)
 	if len(s.endpoints) == 0 {
 		b.WriteString(" []")
 	}
