@@ -1,0 +1,911 @@
+// Package ipvs is steelyard's IPVS dataplane: every VIP sits on the dummy
+// interface steelyard0, each VIP:port/protocol is one IPVS virtual service,
+// and each backend one destination in Masq mode with an integer weight
+// (weights.go). Sync reconciles by difference: it reads the live table and
+// adds, updates and deletes only what differs, so unchanged destinations and
+// their connections are never touched. Destinations that leave drain at
+// weight 0 until their connections end or the graceful period passes, also
+// across restarts (kubernetes#92019). Masquerading for hairpin and
+// off-cluster clients is a fixed handful of iptables rules matching two
+// ipsets (sets.go, rules.go).
+//
+// kube-proxy's pkg/proxy/ipvs is the model (kube-ipvs0, its graceful
+// termination manager); this is a smaller design: one Sync owns every write.
+package ipvs
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/steelyard-net/steelyard/dataplane"
+	"github.com/steelyard-net/steelyard/dataplane/iptables"
+)
+
+var log = logrus.WithField("subsys", "ipvs")
+
+// Log field keys.
+const (
+	fieldVIP     = "vip"
+	fieldBackend = "backend"
+	fieldWeight  = "weight"
+	fieldSvc     = "svc"
+)
+
+// DefaultInterface is the dummy interface that holds the VIPs.
+const DefaultInterface = "steelyard0"
+
+// DefaultScheduler is the node's scheduler when Config leaves it empty: wrr
+// follows weights deterministically.
+const DefaultScheduler = "wrr"
+
+// DefaultGracefulPeriod bounds how long a leaving destination drains.
+const DefaultGracefulPeriod = 30 * time.Second
+
+// drainCheckInterval is how soon after a Sync that left destinations
+// draining the proxier asks for another Sync (through Config.Trigger).
+const drainCheckInterval = time.Second
+
+// Config configures the IPVS proxier.
+type Config struct {
+	// Interface is the dummy interface for VIPs; DefaultInterface if empty.
+	Interface string
+	// Scheduler is the node's scheduler, used where a Service port has no
+	// annotation; DefaultScheduler if empty.
+	Scheduler string
+	// GracefulPeriod is the longest a leaving destination drains at weight
+	// 0; DefaultGracefulPeriod if zero.
+	GracefulPeriod time.Duration
+	// ClusterCIDRs, MasqueradeAll and MasqueradeBit mean what they mean for
+	// the iptables dataplane.
+	ClusterCIDRs  []netip.Prefix
+	MasqueradeAll bool
+	MasqueradeBit int
+	// Now is the clock; time.Now if nil. Tests inject a fake one.
+	Now func() time.Time
+	// Trigger, if set, asks the agent's runner for a Sync; the proxier
+	// calls it (after drainCheckInterval) while destinations drain, so they
+	// are deleted soon after their last connection ends.
+	Trigger func()
+	// SysctlDir is where sysctls are written; /proc/sys if empty. Tests
+	// point it at a temporary directory.
+	SysctlDir string
+}
+
+func (c *Config) defaults() {
+	if c.Interface == "" {
+		c.Interface = DefaultInterface
+	}
+	if c.Scheduler == "" {
+		c.Scheduler = DefaultScheduler
+	}
+	if c.GracefulPeriod == 0 {
+		c.GracefulPeriod = DefaultGracefulPeriod
+	}
+	if c.MasqueradeBit == 0 {
+		c.MasqueradeBit = iptables.DefaultMasqueradeBit
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.SysctlDir == "" {
+		c.SysctlDir = "/proc/sys"
+	}
+}
+
+// Sysctls are the kernel settings IPVS needs, as kube-proxy sets them:
+// conntrack so the masquerade rules see IPVS traffic; conn_reuse_mode 1 so a
+// reused client port is scheduled afresh (kernels >= 5.9 have no delay with
+// it); expire_nodest_conn and expire_quiescent_template so connections to
+// deleted destinations and persistence templates of drained ones end.
+var Sysctls = []struct{ Name, Value string }{
+	{"net.ipv4.vs.conntrack", "1"},
+	{"net.ipv4.vs.conn_reuse_mode", "1"},
+	{"net.ipv4.vs.expire_nodest_conn", "1"},
+	{"net.ipv4.vs.expire_quiescent_template", "1"},
+}
+
+// Proxier is the IPVS Dataplane.
+type Proxier struct {
+	ipvs  Interface
+	links Links
+	sets  Sets
+	ipt   iptables.Interface
+	cfg   Config
+
+	mu sync.Mutex
+	// ready is set once the sysctls, interface, sets and rules are in place.
+	ready bool
+	// applied is what the last successful Sync left in the kernel, per VIP;
+	// nil forces a full Sync (at start and after a failure).
+	applied map[dataplane.VIP]*liveService
+	// draining holds, per VIP and destination, when it started draining.
+	draining map[dataplane.VIP]map[netip.AddrPort]time.Time
+	// wantCache holds the last Sync's desired virtual servers by VIP.
+	wantCache map[dataplane.VIP]*cachedWant
+	// appliedWant is the desired virtual server each applied one was
+	// written from: the same pointer again means nothing to compare.
+	appliedWant map[dataplane.VIP]*wantService
+	// warnedIPv6 is set once the skipped IPv6 ports were logged.
+	warnedIPv6 bool
+	// drainTimer is the pending Trigger call, if any.
+	drainTimer *time.Timer
+	// LastSync describes the last successful Sync, for logs and benchmarks.
+	LastSync SyncStats
+}
+
+// SyncStats describes one Sync.
+type SyncStats struct {
+	Full bool
+	// CanaryMissing: a partial Sync found virtual servers or VIPs it had
+	// applied gone from the kernel and ran full instead.
+	CanaryMissing   bool
+	Services        int
+	ServicesRead    int
+	ServicesWritten int
+	DestWrites      int
+	Draining        int
+	Took            time.Duration
+}
+
+var _ dataplane.Dataplane = (*Proxier)(nil)
+
+// NewProxier returns a Proxier that writes through the given kernel views.
+func NewProxier(ipvs Interface, links Links, sets Sets, ipt iptables.Interface, cfg Config) *Proxier {
+	cfg.defaults()
+	return &Proxier{ipvs: ipvs, links: links, sets: sets, ipt: ipt, cfg: cfg,
+		draining: map[dataplane.VIP]map[netip.AddrPort]time.Time{}}
+}
+
+// New returns a Proxier over the real kernel of the current network
+// namespace, with iptables of the given flavour.
+func New(iptMode iptables.Mode, cfg Config) (*Proxier, error) {
+	k, err := NewKernel()
+	if err != nil {
+		return nil, err
+	}
+	links, err := NewLinks()
+	if err != nil {
+		return nil, err
+	}
+	sets, err := NewSets()
+	if err != nil {
+		return nil, err
+	}
+	ipt, mode, err := iptables.New(iptMode)
+	if err != nil {
+		return nil, err
+	}
+	log.WithField("iptables", mode).Debug("using iptables for masquerading")
+	return NewProxier(k, links, sets, ipt, cfg), nil
+}
+
+// liveService is one virtual server and its destinations.
+type liveService struct {
+	vs    VirtualServer
+	name  string
+	dests map[netip.AddrPort]RealServer
+}
+
+// cachedWant is the wantService built from a ServicePort, so the next Sync
+// reuses it while the ServicePort is unchanged (most of them, most times).
+type cachedWant struct {
+	sp dataplane.ServicePort
+	w  *wantService
+}
+
+// wantService is one virtual server as the desired state has it.
+type wantService struct {
+	vs    VirtualServer
+	name  string
+	dests map[netip.AddrPort]int
+	// order is the destinations sorted, for deterministic writes.
+	order []netip.AddrPort
+}
+
+// desired turns the State into virtual servers with integer weights.
+func (p *Proxier) desired(s dataplane.State) (map[dataplane.VIP]*wantService, error) {
+	out := make(map[dataplane.VIP]*wantService, len(s.Services))
+	next := make(map[dataplane.VIP]*cachedWant, len(s.Services))
+	skipped := 0
+	for i := range s.Services {
+		sp := &s.Services[i]
+		if !sp.VIP.IP.Is4() {
+			// IPv6 needs its own sets and ip6tables rules: not yet.
+			skipped++
+			continue
+		}
+		if c := p.wantCache[sp.VIP]; c != nil && c.sp.Equal(sp) {
+			out[sp.VIP] = c.w // unchanged since the last Sync: reuse
+			continue
+		}
+		sched := sp.Scheduler
+		if sched == "" {
+			sched = p.cfg.Scheduler
+		}
+		w := &wantService{
+			vs: VirtualServer{Address: sp.VIP.IP, Port: sp.VIP.Port, Protocol: sp.VIP.Protocol, Scheduler: sched,
+				Persistence: uint32(max(0, sp.AffinitySeconds))},
+			name:  sp.Name.String(),
+			dests: make(map[netip.AddrPort]int, len(sp.Backends)),
+		}
+		// Traffic to the VIP goes to the internal backends (topology and
+		// internalTrafficPolicy applied); the others stay at weight 0 so
+		// their established connections drain.
+		internal := map[netip.AddrPort]bool{}
+		for _, b := range sp.InternalBackends() {
+			internal[b.Addr()] = true
+		}
+		fs := make([]float64, len(sp.Backends))
+		for j, b := range sp.Backends {
+			if internal[b.Addr()] {
+				fs[j] = b.Weight
+			}
+		}
+		for j, iw := range IntWeights(fs) {
+			a := sp.Backends[j].Addr()
+			if _, dup := w.dests[a]; !dup {
+				w.order = append(w.order, a)
+			}
+			w.dests[a] += iw
+		}
+		slices.SortFunc(w.order, netip.AddrPort.Compare)
+		out[sp.VIP] = w
+		c := cachedWant{sp: *sp, w: w}
+		c.sp.Backends = slices.Clone(sp.Backends)
+		next[sp.VIP] = &c
+	}
+	// Reused entries carry over; dropped Services leave the cache.
+	for vip := range out {
+		if next[vip] == nil {
+			next[vip] = p.wantCache[vip]
+		}
+	}
+	p.wantCache = next
+	if skipped > 0 && !p.warnedIPv6 {
+		log.WithField("ports", skipped).Warn("IPv6 Service ports are not programmed in IPVS mode yet")
+		p.warnedIPv6 = true
+	}
+	return out, nil
+}
+
+// Sync reconciles the kernel with s by difference. A full Sync reads the
+// whole live IPVS table (steelyard's part of it), the dummy interface and the
+// sets, and re-ensures sysctls and rules; a partial one reads back only the
+// virtual servers whose desired state changed or that have draining
+// destinations. Unlike iptables-restore, IPVS has no transaction: a failed
+// write is reported, the rest still applied, and the next Sync is full.
+func (p *Proxier) Sync(s dataplane.State, full bool) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	start := p.cfg.Now()
+	want, err := p.desired(s)
+	if err != nil {
+		return err
+	}
+	canaryMissing := false
+	if p.applied == nil || !p.ready {
+		full = true
+	} else if !full && !p.canary() {
+		// Someone flushed the table or removed the interface: repair all.
+		full, canaryMissing = true, true
+	}
+	stats := SyncStats{Full: full, CanaryMissing: canaryMissing, Services: len(want)}
+	if full {
+		if err := p.setup(); err != nil {
+			p.applied, p.ready = nil, false
+			return err
+		}
+	}
+	live, err := p.readLive(want, full, &stats)
+	if err != nil {
+		p.applied = nil
+		return err
+	}
+
+	var errs []error
+	// Sets first: the masquerade rules must know a VIP before its first
+	// packet is forwarded.
+	if err := p.syncSets(want, full); err != nil {
+		errs = append(errs, err)
+	}
+	if err := p.syncAddresses(want, live, full); err != nil {
+		errs = append(errs, err)
+	}
+	now := p.cfg.Now()
+	applied := make(map[dataplane.VIP]*liveService, len(want))
+	for _, vip := range sortedVIPs(want) {
+		w := want[vip]
+		l := live[vip]
+		if !full && l != nil && l == p.applied[vip] {
+			// readLive found it unchanged and not draining.
+			applied[vip] = l
+			continue
+		}
+		ls, n, err := p.syncService(w, l, now)
+		stats.DestWrites += n
+		if n > 0 || l == nil {
+			stats.ServicesWritten++
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if ls != nil {
+			applied[vip] = ls
+		}
+	}
+	for _, vip := range sortedVIPs(live) {
+		if _, ok := want[vip]; ok {
+			continue
+		}
+		l := live[vip]
+		if err := p.ipvs.DeleteVirtualServer(l.vs); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		delete(p.draining, vip)
+		stats.ServicesWritten++
+		log.WithFields(logrus.Fields{fieldVIP: vip.String(), fieldSvc: l.name}).Debug("deleted virtual server")
+	}
+	for vip := range p.draining {
+		if _, ok := want[vip]; !ok {
+			delete(p.draining, vip)
+		}
+	}
+	if err := p.removeStaleAddresses(want, full); err != nil {
+		errs = append(errs, err)
+	}
+	for _, d := range p.draining {
+		stats.Draining += len(d)
+	}
+	if len(errs) > 0 {
+		// Redo everything next time, the sets and rules included.
+		p.applied, p.ready = nil, false
+		return errors.Join(errs...)
+	}
+	p.applied = applied
+	p.appliedWant = make(map[dataplane.VIP]*wantService, len(want))
+	for vip, w := range want {
+		if applied[vip] != nil && len(p.draining[vip]) == 0 {
+			p.appliedWant[vip] = w
+		}
+	}
+	stats.Took = p.cfg.Now().Sub(start)
+	p.LastSync = stats
+	if stats.Draining > 0 {
+		p.scheduleDrainCheck()
+	}
+	return nil
+}
+
+func sortedVIPs[T any](m map[dataplane.VIP]T) []dataplane.VIP {
+	out := make([]dataplane.VIP, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.SortFunc(out, func(a, b dataplane.VIP) int {
+		if c := a.IP.Compare(b.IP); c != 0 {
+			return c
+		}
+		if a.Port != b.Port {
+			return int(a.Port) - int(b.Port)
+		}
+		return strings.Compare(string(a.Protocol), string(b.Protocol))
+	})
+	return out
+}
+
+// setup sets the sysctls and ensures the interface, the sets and the rules.
+// After the first success it only checks them (one iptables-save); a failed
+// Sync makes the next one redo it all.
+func (p *Proxier) setup() error {
+	if p.ready {
+		if err := p.links.EnsureDummy(p.cfg.Interface); err != nil {
+			return err
+		}
+		if rulesInPlace(p.ipt, p.cfg) {
+			return nil
+		}
+		log.Info("masquerade rules changed behind our back; rewriting them")
+	}
+	for _, sc := range Sysctls {
+		if err := p.setSysctl(sc.Name, sc.Value); err != nil {
+			return err
+		}
+	}
+	if err := p.links.EnsureDummy(p.cfg.Interface); err != nil {
+		return err
+	}
+	var create strings.Builder
+	for _, st := range setTypes {
+		fmt.Fprintf(&create, "create %s %s\n", st.name, st.typ)
+	}
+	if err := p.sets.Restore(create.String()); err != nil {
+		return fmt.Errorf("create ipsets: %w", err)
+	}
+	if err := ensureRules(p.ipt, p.cfg); err != nil {
+		return err
+	}
+	p.ready = true
+	return nil
+}
+
+func (p *Proxier) setSysctl(name, value string) error {
+	path := filepath.Join(p.cfg.SysctlDir, strings.ReplaceAll(name, ".", "/"))
+	cur, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("sysctl %s is missing: the kernel has no IPVS (load the ip_vs module, or build with CONFIG_IP_VS)", name)
+	}
+	if err != nil {
+		return fmt.Errorf("sysctl %s: %w", name, err)
+	}
+	if strings.TrimSpace(string(cur)) == value {
+		return nil
+	}
+	if err := os.WriteFile(path, []byte(value), 0o644); err != nil {
+		return fmt.Errorf("sysctl %s=%s: %w", name, value, err)
+	}
+	return nil
+}
+
+// canary reports whether everything the last Sync applied is still there
+// at the coarse level a flush or a deleted interface would break: every
+// virtual server (one netlink dump) and every VIP on the interface. It
+// does not read destinations; full Syncs (--full-sync-period) repair those.
+func (p *Proxier) canary() bool {
+	vss, err := p.ipvs.VirtualServers()
+	if err != nil {
+		return false
+	}
+	live := make(map[dataplane.VIP]bool, len(vss))
+	for _, vs := range vss {
+		live[vs.Key()] = true
+	}
+	addrs, err := p.links.Addresses(p.cfg.Interface)
+	if err != nil {
+		return false
+	}
+	onLink := make(map[netip.Addr]bool, len(addrs))
+	for _, a := range addrs {
+		onLink[a] = true
+	}
+	for vip := range p.applied {
+		if !live[vip] || !onLink[vip.IP] {
+			log.WithField(fieldVIP, vip.String()).Info("applied virtual server or VIP gone from the kernel; running a full sync")
+			return false
+		}
+	}
+	return true
+}
+
+// ours reports which live virtual servers are steelyard's: those whose VIP
+// is on the dummy interface or in the VIP set. Others (Docker swarm's, a
+// hand-made one) are never touched.
+func (p *Proxier) ours() (func(VirtualServer) bool, map[dataplane.VIP]string, error) {
+	addrs, err := p.links.Addresses(p.cfg.Interface)
+	if err != nil {
+		return nil, nil, err
+	}
+	onLink := map[netip.Addr]bool{}
+	for _, a := range addrs {
+		onLink[a] = true
+	}
+	entries, err := p.sets.Entries(SetVIPs)
+	if err != nil {
+		return nil, nil, err
+	}
+	names := map[dataplane.VIP]string{}
+	for _, e := range entries {
+		if vip, ok := parseVIPMember(e.Member); ok {
+			names[vip] = e.Comment
+		}
+	}
+	return func(v VirtualServer) bool {
+		_, named := names[v.Key()]
+		return onLink[v.Address] || named
+	}, names, nil
+}
+
+// readLive returns the live state of steelyard's virtual servers: all of
+// them on a full Sync; on a partial one the remembered state, re-read only
+// where the desired state changed or destinations drain.
+func (p *Proxier) readLive(want map[dataplane.VIP]*wantService, full bool, stats *SyncStats) (map[dataplane.VIP]*liveService, error) {
+	live := map[dataplane.VIP]*liveService{}
+	read := func(vs VirtualServer, name string) error {
+		rss, err := p.ipvs.RealServers(vs)
+		if err != nil {
+			return err
+		}
+		ls := &liveService{vs: vs, name: name, dests: make(map[netip.AddrPort]RealServer, len(rss))}
+		for _, r := range rss {
+			ls.dests[r.Addr()] = r
+		}
+		live[vs.Key()] = ls
+		stats.ServicesRead++
+		return nil
+	}
+	if full {
+		isOurs, names, err := p.ours()
+		if err != nil {
+			return nil, err
+		}
+		vss, err := p.ipvs.VirtualServers()
+		if err != nil {
+			return nil, err
+		}
+		for _, vs := range vss {
+			_, wanted := want[vs.Key()]
+			if !wanted && !isOurs(vs) {
+				continue
+			}
+			if err := read(vs, names[vs.Key()]); err != nil {
+				return nil, err
+			}
+		}
+		return live, nil
+	}
+	for vip, a := range p.applied {
+		w := want[vip]
+		if w == nil || len(p.draining[vip]) > 0 || !p.unchanged(vip, a, w) {
+			if err := read(a.vs, a.name); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		live[vip] = a
+	}
+	return live, nil
+}
+
+// unchanged reports whether the applied virtual server of vip was written
+// from w itself (reused from the cache) or already equals it.
+func (p *Proxier) unchanged(vip dataplane.VIP, a *liveService, w *wantService) bool {
+	if p.appliedWant[vip] == w {
+		return true
+	}
+	return a.matches(w)
+}
+
+// matches reports whether the applied service already is w (no draining).
+func (a *liveService) matches(w *wantService) bool {
+	if a.vs != w.vs || a.name != w.name || len(a.dests) != len(w.dests) {
+		return false
+	}
+	for addr, weight := range w.dests {
+		d, ok := a.dests[addr]
+		if !ok || d.Weight != weight {
+			return false
+		}
+	}
+	return true
+}
+
+// syncService reconciles one virtual server; it returns what the kernel
+// holds afterwards and the number of destination writes.
+func (p *Proxier) syncService(w *wantService, l *liveService, now time.Time) (*liveService, int, error) {
+	vip := w.vs.Key()
+	lg := log.WithFields(logrus.Fields{fieldVIP: vip.String(), fieldSvc: w.name})
+	if l == nil {
+		if err := p.ipvs.AddVirtualServer(w.vs); err != nil {
+			return nil, 0, err
+		}
+		lg.WithField("scheduler", w.vs.Scheduler).Debug("added virtual server")
+		l = &liveService{vs: w.vs, dests: map[netip.AddrPort]RealServer{}}
+	} else if l.vs != w.vs {
+		if err := p.ipvs.UpdateVirtualServer(w.vs); err != nil {
+			return l, 0, err
+		}
+		lg.WithFields(logrus.Fields{"scheduler": w.vs.Scheduler, "persistence": w.vs.Persistence}).Debug("changed scheduler or persistence")
+		l.vs = w.vs
+	}
+	l.name = w.name
+	writes := 0
+	var errs []error
+	for _, addr := range w.order {
+		weight := w.dests[addr]
+		cur, ok := l.dests[addr]
+		switch {
+		case !ok:
+			r := RealServer{Address: addr.Addr(), Port: addr.Port(), Weight: weight}
+			if err := p.ipvs.AddRealServer(w.vs, r); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			l.dests[addr] = r
+			writes++
+			lg.WithFields(logrus.Fields{fieldBackend: addr.String(), fieldWeight: weight}).Debug("added destination")
+		case cur.Weight != weight:
+			cur.Weight = weight
+			if err := p.ipvs.UpdateRealServer(w.vs, cur); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			l.dests[addr] = cur
+			writes++
+			lg.WithFields(logrus.Fields{fieldBackend: addr.String(), fieldWeight: weight}).Debug("changed weight")
+		}
+		if d := p.draining[vip]; d != nil {
+			delete(d, addr) // back in the desired state: no longer draining
+		}
+	}
+	// Destinations that left: drain at weight 0, delete when idle or late.
+	for _, addr := range sortedAddrs(l.dests) {
+		if _, ok := w.dests[addr]; ok {
+			continue
+		}
+		cur := l.dests[addr]
+		d := p.draining[vip]
+		if d == nil {
+			d = map[netip.AddrPort]time.Time{}
+			p.draining[vip] = d
+		}
+		since, known := d[addr]
+		if !known {
+			// Also after a restart: a destination found at weight 0 and not
+			// desired keeps draining from now on, never raised back
+			// (kubernetes#92019).
+			since = now
+			d[addr] = now
+		}
+		idle := cur.ActiveConn == 0
+		if w.vs.Protocol == dataplane.UDP {
+			idle = cur.ActiveConn+cur.InactiveConn == 0
+		}
+		late := now.Sub(since) >= p.cfg.GracefulPeriod
+		if cur.Weight == 0 && known && (idle || late) {
+			if err := p.ipvs.DeleteRealServer(w.vs, cur); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			delete(l.dests, addr)
+			delete(d, addr)
+			writes++
+			lg.WithFields(logrus.Fields{fieldBackend: addr.String(), "idle": idle}).Debug("deleted drained destination")
+			continue
+		}
+		if cur.Weight != 0 {
+			cur.Weight = 0
+			if err := p.ipvs.UpdateRealServer(w.vs, cur); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			l.dests[addr] = cur
+			writes++
+			lg.WithField(fieldBackend, addr.String()).Debug("destination draining at weight 0")
+		}
+	}
+	if d := p.draining[vip]; len(d) == 0 {
+		delete(p.draining, vip)
+	}
+	return l, writes, errors.Join(errs...)
+}
+
+func sortedAddrs[T any](m map[netip.AddrPort]T) []netip.AddrPort {
+	out := make([]netip.AddrPort, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.SortFunc(out, netip.AddrPort.Compare)
+	return out
+}
+
+// syncAddresses puts every desired VIP on the dummy interface. On a partial
+// Sync only VIPs new since the last one are added.
+func (p *Proxier) syncAddresses(want map[dataplane.VIP]*wantService, live map[dataplane.VIP]*liveService, full bool) error {
+	have := map[netip.Addr]bool{}
+	if full {
+		addrs, err := p.links.Addresses(p.cfg.Interface)
+		if err != nil {
+			return err
+		}
+		for _, a := range addrs {
+			have[a] = true
+		}
+	} else {
+		for vip := range p.applied {
+			have[vip.IP] = true
+		}
+	}
+	for _, vip := range sortedVIPs(want) {
+		if have[vip.IP] {
+			continue
+		}
+		if err := p.links.AddAddress(p.cfg.Interface, vip.IP); err != nil {
+			return err
+		}
+		have[vip.IP] = true
+	}
+	return nil
+}
+
+// removeStaleAddresses removes from the dummy interface the VIPs that no
+// desired Service uses any more.
+func (p *Proxier) removeStaleAddresses(want map[dataplane.VIP]*wantService, full bool) error {
+	wanted := map[netip.Addr]bool{}
+	for vip := range want {
+		wanted[vip.IP] = true
+	}
+	var candidates []netip.Addr
+	if full {
+		addrs, err := p.links.Addresses(p.cfg.Interface)
+		if err != nil {
+			return err
+		}
+		candidates = addrs
+	} else {
+		for vip := range p.applied {
+			candidates = append(candidates, vip.IP)
+		}
+	}
+	for _, a := range candidates {
+		if wanted[a] {
+			continue
+		}
+		if err := p.links.DelAddress(p.cfg.Interface, a); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// vipMember is the SetVIPs member of a VIP: "198.18.0.10,tcp:80".
+func vipMember(v dataplane.VIP) string {
+	return fmt.Sprintf("%s,%s:%d", v.IP, v.Protocol.Lower(), v.Port)
+}
+
+// parseVIPMember reads a SetVIPs member back.
+func parseVIPMember(m string) (dataplane.VIP, bool) {
+	ipS, rest, ok := strings.Cut(m, ",")
+	if !ok {
+		return dataplane.VIP{}, false
+	}
+	protoS, portS, ok := strings.Cut(rest, ":")
+	if !ok {
+		return dataplane.VIP{}, false
+	}
+	ip, err := netip.ParseAddr(ipS)
+	if err != nil {
+		return dataplane.VIP{}, false
+	}
+	var port uint16
+	if _, err := fmt.Sscanf(portS, "%d", &port); err != nil {
+		return dataplane.VIP{}, false
+	}
+	return dataplane.VIP{IP: ip, Port: port, Protocol: dataplane.Protocol(strings.ToUpper(protoS))}, true
+}
+
+// loopMember is the SetLoopback member of a destination of vip.
+func loopMember(vip dataplane.VIP, d netip.AddrPort) string {
+	return fmt.Sprintf("%s,%s:%d,%s", d.Addr(), vip.Protocol.Lower(), d.Port(), d.Addr())
+}
+
+// syncSets makes the two sets hold exactly the desired members, in one
+// ipset restore. Draining destinations keep their loopback member.
+func (p *Proxier) syncSets(want map[dataplane.VIP]*wantService, full bool) error {
+	wantVIPs, wantLoop := map[string]string{}, map[string]string{}
+	haveVIPs, haveLoop := map[string]string{}, map[string]string{}
+	addWant := func(vip dataplane.VIP, w *wantService) {
+		wantVIPs[vipMember(vip)] = w.name
+		for addr := range w.dests {
+			wantLoop[loopMember(vip, addr)] = ""
+		}
+		for addr := range p.draining[vip] {
+			wantLoop[loopMember(vip, addr)] = ""
+		}
+	}
+	addHave := func(vip dataplane.VIP, a *liveService) {
+		haveVIPs[vipMember(vip)] = a.name
+		for addr := range a.dests {
+			haveLoop[loopMember(vip, addr)] = ""
+		}
+	}
+	if full {
+		for vip, w := range want {
+			addWant(vip, w)
+		}
+		for name, have := range map[string]map[string]string{SetVIPs: haveVIPs, SetLoopback: haveLoop} {
+			entries, err := p.sets.Entries(name)
+			if err != nil {
+				return err
+			}
+			for _, e := range entries {
+				have[e.Member] = e.Comment
+			}
+		}
+	} else {
+		// Only the Services that changed since the last Sync.
+		for vip, w := range want {
+			a := p.applied[vip]
+			if a != nil && len(p.draining[vip]) == 0 && p.unchanged(vip, a, w) {
+				continue
+			}
+			addWant(vip, w)
+			if a != nil {
+				addHave(vip, a)
+			}
+		}
+		for vip, a := range p.applied {
+			if want[vip] == nil {
+				addHave(vip, a)
+			}
+		}
+	}
+	var b strings.Builder
+	diffSet(&b, SetVIPs, wantVIPs, haveVIPs, true)
+	diffSet(&b, SetLoopback, wantLoop, haveLoop, false)
+	if b.Len() == 0 {
+		return nil
+	}
+	if err := p.sets.Restore(b.String()); err != nil {
+		return fmt.Errorf("update ipsets: %w", err)
+	}
+	return nil
+}
+
+func diffSet(b *strings.Builder, set string, want, have map[string]string, comments bool) {
+	for _, m := range sortedKeys(have) {
+		if c, ok := want[m]; !ok || (comments && c != have[m]) {
+			fmt.Fprintf(b, "del %s %s\n", set, m)
+		}
+	}
+	for _, m := range sortedKeys(want) {
+		if c, ok := have[m]; ok && (!comments || c == want[m]) {
+			continue
+		}
+		if comments {
+			fmt.Fprintf(b, "add %s %s comment %q\n", set, m, want[m])
+		} else {
+			fmt.Fprintf(b, "add %s %s\n", set, m)
+		}
+	}
+}
+
+func sortedKeys(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// scheduleDrainCheck asks for a Sync soon, once, so drained destinations
+// are deleted shortly after their last connection ends.
+func (p *Proxier) scheduleDrainCheck() {
+	if p.cfg.Trigger == nil || p.drainTimer != nil {
+		return
+	}
+	p.drainTimer = time.AfterFunc(drainCheckInterval, func() {
+		p.mu.Lock()
+		p.drainTimer = nil
+		p.mu.Unlock()
+		p.cfg.Trigger()
+	})
+}
+
+// SetTrigger sets Config.Trigger after construction (the agent's runner is
+// created after the dataplane).
+func (p *Proxier) SetTrigger(f func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cfg.Trigger = f
+}
+
+// Draining returns the destinations currently draining, per VIP.
+func (p *Proxier) Draining() map[dataplane.VIP][]netip.AddrPort {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[dataplane.VIP][]netip.AddrPort{}
+	for vip, d := range p.draining {
+		out[vip] = sortedAddrs(d)
+	}
+	return out
+}

@@ -1,0 +1,114 @@
+package ipvs
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+)
+
+// The ipsets that keep steelyard's masquerade rules a fixed handful however
+// many Services exist: the rules match set members, and only the members
+// change with Services and endpoints.
+const (
+	// SetVIPs holds every VIP as "ip,proto:port", with the Service port's
+	// name as the member's comment; explain reads the names from it.
+	SetVIPs = "STEELYARD-IPVS-VIPS"
+	// SetLoopback holds "ip,proto:port,ip" for every destination, so that a
+	// pod that reaches itself through its VIP (hairpin) is masqueraded.
+	SetLoopback = "STEELYARD-IPVS-LOOP"
+)
+
+// setTypes are the ipset types of the sets, in creation order.
+var setTypes = []struct{ name, typ string }{
+	{SetVIPs, "hash:ip,port comment"},
+	{SetLoopback, "hash:ip,port,ip"},
+}
+
+// SetEntry is one member of an ipset.
+type SetEntry struct {
+	Member  string
+	Comment string
+}
+
+// Sets is the narrow view of ipset the proxier needs. The real one runs the
+// ipset tool; FakeSets keeps them in memory and enforces ipset's rules.
+type Sets interface {
+	// Restore runs "ipset restore -exist" on text: create, add, del and
+	// destroy lines, without the "ipset" word.
+	Restore(text string) error
+	// Entries returns the members of set name; none when it does not exist.
+	Entries(name string) ([]SetEntry, error)
+	// Destroy removes set name if it exists.
+	Destroy(name string) error
+}
+
+type ipsetTool struct{ path string }
+
+// NewSets returns the real Sets, which runs the ipset tool.
+func NewSets() (Sets, error) {
+	p, err := exec.LookPath("ipset")
+	if err != nil {
+		return nil, fmt.Errorf("ipset tool not found (install the ipset package): %w", err)
+	}
+	return &ipsetTool{path: p}, nil
+}
+
+func (t *ipsetTool) run(stdin string, args ...string) ([]byte, error) {
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(t.path, args...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = strings.NewReader(stdin), &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("ipset %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return stdout.Bytes(), nil
+}
+
+func (t *ipsetTool) Restore(text string) error {
+	_, err := t.run(text, "restore", "-exist")
+	return err
+}
+
+func (t *ipsetTool) Entries(name string) ([]SetEntry, error) {
+	out, err := t.run("", "save", name)
+	if err != nil {
+		if strings.Contains(err.Error(), "does not exist") {
+			return nil, nil
+		}
+		return nil, err
+	}
+	return parseSave(name, out)
+}
+
+func (t *ipsetTool) Destroy(name string) error {
+	_, err := t.run("", "destroy", name)
+	if err != nil && strings.Contains(err.Error(), "does not exist") {
+		return nil
+	}
+	return err
+}
+
+// parseSave reads "add NAME MEMBER [comment "text"]" lines of ipset save.
+func parseSave(name string, out []byte) ([]SetEntry, error) {
+	var entries []SetEntry
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(make([]byte, 1<<16), 1<<24)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 3 || f[0] != "add" || f[1] != name {
+			continue
+		}
+		e := SetEntry{Member: f[2]}
+		if i := strings.Index(sc.Text(), " comment "); i >= 0 {
+			c := strings.TrimSpace(sc.Text()[i+len(" comment "):])
+			if u, err := strconv.Unquote(c); err == nil {
+				c = u
+			}
+			e.Comment = c
+		}
+		entries = append(entries, e)
+	}
+	return entries, sc.Err()
+}
