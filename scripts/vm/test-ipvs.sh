@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The IPVS suite: builds a static steelyard and the static test binary of
+# test/ipvs, boots the VM (scripts/vm/run.sh) and runs the suite inside it
+# with real traffic. Exits with the suite's status. Runs as root (apt).
+#
+#   scripts/vm/test-ipvs.sh [go test flags, e.g. -test.run TestIPVS/shares]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+GO=${GO:-go}
+
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+start=$(date +%s.%N)
+CGO_ENABLED=0 $GO build -trimpath -o "$out/steelyard" ./cmd/steelyard
+CGO_ENABLED=0 $GO test -c -tags ipvsvm -o "$out/ipvs.test" ./test/ipvs/
+echo "test-ipvs: binaries built in $(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $start}") s" >&2
+
+adds=(--add "$out/steelyard:/work/steelyard" --add "$out/ipvs.test:/work/ipvs.test")
+for f in examples/*.yaml; do
+	adds+=(--add "$f:/work/examples/$(basename "$f")")
+done
+# The VM part is bounded: boot plus suite in at most 2 minutes (about 10 s
+# of it is the boot under TCG).
+scripts/vm/run.sh --timeout 120 "${adds[@]}" -- \
+	env STEELYARD_BIN=/work/steelyard STEELYARD_EXAMPLES=/work/examples \
+	/work/ipvs.test -test.v -test.count=1 -test.timeout=110s "$@"
