@@ -4,15 +4,21 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/steelyard-net/steelyard/dataplane"
 )
 
-// Explain reads the live IPVS table (steelyard's virtual servers: VIPs on
-// the dummy interface or in the VIP set) and returns what each VIP does:
-// share = weight / sum of the weights. Names come from the VIP set's
-// comments.
+// Explain reads the live IPVS table (steelyard's virtual servers: addresses
+// on the dummy interface or entries in the sets) and returns what each entry
+// point does: share = weight / sum of the weights. Names, entry kinds and
+// policies come from the set members (the sets are what the rules act on:
+// masquerading, drops, source ranges); the node port's virtual servers, one
+// per node address, make one view, as in the iptables mode.
 func (p *Proxier) Explain() ([]dataplane.ServiceView, error) {
 	isOurs, names, err := p.ours()
 	if err != nil {
@@ -26,11 +32,24 @@ func (p *Proxier) Explain() ([]dataplane.ServiceView, error) {
 	for _, a := range addrs {
 		onLink[a] = true
 	}
+	drops, err := p.memberVIPs(SetDrop)
+	if err != nil {
+		return nil, err
+	}
+	fw, err := p.memberVIPs(SetFirewall)
+	if err != nil {
+		return nil, err
+	}
+	ranges, err := p.sourceRanges()
+	if err != nil {
+		return nil, err
+	}
 	vss, err := p.ipvs.VirtualServers()
 	if err != nil {
 		return nil, err
 	}
 	var views []dataplane.ServiceView
+	nodePorts := map[dataplane.VIP]int{} // port/protocol -> index in views
 	for _, vs := range vss {
 		if !isOurs(vs) {
 			continue
@@ -39,21 +58,153 @@ func (p *Proxier) Explain() ([]dataplane.ServiceView, error) {
 		if err != nil {
 			return nil, err
 		}
-		views = append(views, viewOf(vs, names[vs.Key()], rss, onLink[vs.Address], p.cfg.Interface))
+		key := vs.Key()
+		sc := names[key]
+		v := viewOf(vs, sc, rss, drops[key])
+		if fw[key] {
+			v.SourceRanges = ranges[key]
+			if len(v.SourceRanges) == 0 {
+				v.Problems = append(v.Problems, "load-balancer IP restricted to no source: every new connection is dropped")
+			}
+		}
+		if sc.set == "" {
+			v.Problems = append(v.Problems, fmt.Sprintf("entry point is in none of the sets %s, %s, %s (no masquerading for it)", SetVIPs, SetExternal, SetExternalLocal))
+		}
+		if v.Entry != dataplane.EntryNodePort {
+			if !onLink[vs.Address] {
+				v.Problems = append(v.Problems, fmt.Sprintf("address is not on %s: the kernel does not deliver its packets to IPVS", p.cfg.Interface))
+			}
+			views = append(views, v)
+			continue
+		}
+		// Node ports: one view per port, listing the node addresses; every
+		// address must split the same way.
+		np := dataplane.VIP{Port: vs.Port, Protocol: vs.Protocol}
+		i, seen := nodePorts[np]
+		if !seen {
+			v.VIP = dataplane.AnyAddr(4)
+			v.NodeAddresses = []string{vs.Address.String()}
+			nodePorts[np] = len(views)
+			views = append(views, v)
+			continue
+		}
+		first := &views[i]
+		first.NodeAddresses = append(first.NodeAddresses, vs.Address.String())
+		if !sameSplit(first, &v) {
+			first.Problems = append(first.Problems, fmt.Sprintf("node port on %s splits differently from %s", vs.Address, first.NodeAddresses[0]))
+		}
+	}
+	for i := range views {
+		slices.SortFunc(views[i].NodeAddresses, func(a, b string) int {
+			return netip.MustParseAddr(a).Compare(netip.MustParseAddr(b))
+		})
 	}
 	dataplane.SortViews(views)
 	return views, nil
 }
 
-func viewOf(vs VirtualServer, name string, rss []RealServer, onLink bool, iface string) dataplane.ServiceView {
+// sameSplit reports whether two views send new connections alike.
+func sameSplit(a, b *dataplane.ServiceView) bool {
+	if a.Drop != b.Drop || a.Reject != b.Reject || a.Policy != b.Policy || len(a.Backends) != len(b.Backends) {
+		return false
+	}
+	for i := range a.Backends {
+		if a.Backends[i] != b.Backends[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// memberVIPs returns the entry points in set name.
+func (p *Proxier) memberVIPs(name string) (map[dataplane.VIP]bool, error) {
+	entries, err := p.sets.Entries(name)
+	if err != nil {
+		return nil, err
+	}
+	out := map[dataplane.VIP]bool{}
+	for _, e := range entries {
+		if vip, ok := parseVIPMember(e.Member); ok {
+			out[vip] = true
+		}
+	}
+	return out, nil
+}
+
+// sourceRanges returns the allowed source ranges of each load-balancer
+// entry, in the Service's order (the members' comments).
+func (p *Proxier) sourceRanges() (map[dataplane.VIP][]string, error) {
+	entries, err := p.sets.Entries(SetSourceRanges)
+	if err != nil {
+		return nil, err
+	}
+	type ranked struct {
+		pos int
+		r   string
+	}
+	by := map[dataplane.VIP][]ranked{}
+	for _, e := range entries {
+		i := strings.LastIndex(e.Member, ",")
+		if i < 0 {
+			continue
+		}
+		vip, ok := parseVIPMember(e.Member[:i])
+		pfx, err := netip.ParsePrefix(e.Member[i+1:])
+		if !ok || err != nil {
+			continue
+		}
+		pos, err := strconv.Atoi(e.Comment)
+		if err != nil {
+			pos = 1 << 30 // no position: after the others
+		}
+		by[vip] = append(by[vip], ranked{pos, pfx.String()})
+	}
+	out := map[dataplane.VIP][]string{}
+	for vip, rs := range by {
+		sort.SliceStable(rs, func(i, j int) bool {
+			if rs[i].pos != rs[j].pos {
+				return rs[i].pos < rs[j].pos
+			}
+			return rs[i].r < rs[j].r
+		})
+		for _, r := range rs {
+			out[vip] = append(out[vip], r.r)
+		}
+	}
+	return out, nil
+}
+
+// viewOf builds the view of one virtual server. The kernel's behaviour
+// decides: an entry in SetDrop drops new connections (the filter rule runs
+// before IPVS); otherwise the destinations with a positive weight share
+// them, and with none IPVS refuses them (ICMP port unreachable).
+func viewOf(vs VirtualServer, sc setComment, rss []RealServer, drop bool) dataplane.ServiceView {
+	name, extra := parseComment(sc.comment)
 	v := dataplane.ServiceView{
 		Service:  name,
 		VIP:      vs.Address.String(),
 		Port:     vs.Port,
 		Protocol: vs.Protocol,
 		Backends: []dataplane.BackendView{},
+		Entry:    dataplane.EntryClusterIP,
+		Policy:   dataplane.PolicyCluster,
 		// IPVS persistence is ClientIP session affinity.
 		AffinitySeconds: int(vs.Persistence),
+	}
+	switch sc.set {
+	case SetVIPs:
+		if extra == dataplane.PolicyLocal {
+			v.Policy = dataplane.PolicyLocal
+		}
+	case SetExternal, SetExternalLocal:
+		v.Entry = extra
+		if sc.set == SetExternalLocal {
+			v.Policy = dataplane.PolicyLocal
+		}
+	}
+	if drop {
+		v.Drop = true
+		return v
 	}
 	total := 0
 	for _, r := range rss {
@@ -69,19 +220,15 @@ func viewOf(vs VirtualServer, name string, rss []RealServer, onLink bool, iface 
 			Share: dataplane.RoundShare(100 * float64(r.Weight) / float64(total))})
 	}
 	// IPVS answers a virtual server without a usable destination with an
-	// ICMP port unreachable: a reject.
-	v.Reject = len(v.Backends) == 0
-	if !onLink {
-		v.Problems = append(v.Problems, fmt.Sprintf("VIP is not on %s: the kernel does not deliver its packets to IPVS", iface))
-	}
-	if name == "" {
-		v.Problems = append(v.Problems, fmt.Sprintf("VIP is missing from the ipset %s (no masquerading for it)", SetVIPs))
+	// ICMP port unreachable: a reject, before any policy applies.
+	if len(v.Backends) == 0 {
+		v.Reject, v.Policy = true, ""
 	}
 	return v
 }
 
 // Cleanup removes steelyard's virtual servers, the dummy interface, the
-// masquerade rules and the sets, and nothing else.
+// rules and the sets, and nothing else.
 func (p *Proxier) Cleanup() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -1,12 +1,14 @@
-// Package ipvs is steelyard's IPVS dataplane: every VIP sits on the dummy
-// interface steelyard0, each VIP:port/protocol is one IPVS virtual service,
-// and each backend one destination in Masq mode with an integer weight
-// (weights.go). Sync reconciles by difference: it reads the live table and
+// Package ipvs is steelyard's IPVS dataplane: every clusterIP, external IP
+// and load-balancer IP sits on the dummy interface steelyard0, each entry
+// point (those IP:port/protocol, and each node address with a node port) is
+// one IPVS virtual service, and each backend one destination in Masq mode
+// with an integer weight (weights.go). Sync reconciles by difference: it reads the live table and
 // adds, updates and deletes only what differs, so unchanged destinations and
 // their connections are never touched. Destinations that leave drain at
 // weight 0 until their connections end or the graceful period passes, also
 // across restarts (kubernetes#92019). Masquerading for hairpin and
-// off-cluster clients is a fixed handful of iptables rules matching two
+// off-cluster clients, the Local traffic policies and
+// loadBalancerSourceRanges are a fixed handful of iptables rules matching
 // ipsets (sets.go, rules.go).
 //
 // kube-proxy's pkg/proxy/ipvs is the model (kube-ipvs0, its graceful
@@ -18,7 +20,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -78,6 +79,11 @@ type Config struct {
 	// SysctlDir is where sysctls are written; /proc/sys if empty. Tests
 	// point it at a temporary directory.
 	SysctlDir string
+	// NodeAddresses, when set, is called at each Sync for the addresses
+	// node ports are open on (one virtual service per address and node
+	// port); without it no node port is programmed. IPv6 addresses and the
+	// addresses on the dummy interface are left out.
+	NodeAddresses func() []netip.Addr
 }
 
 func (c *Config) defaults() {
@@ -97,7 +103,7 @@ func (c *Config) defaults() {
 		c.Now = time.Now
 	}
 	if c.SysctlDir == "" {
-		c.SysctlDir = "/proc/sys"
+		c.SysctlDir = dataplane.ProcSys
 	}
 }
 
@@ -129,8 +135,10 @@ type Proxier struct {
 	applied map[dataplane.VIP]*liveService
 	// draining holds, per VIP and destination, when it started draining.
 	draining map[dataplane.VIP]map[netip.AddrPort]time.Time
-	// wantCache holds the last Sync's desired virtual servers by VIP.
-	wantCache map[dataplane.VIP]*cachedWant
+	// wantCache holds the last Sync's desired virtual servers by
+	// clusterIP VIP; cacheNodeAddrs the node addresses they were built for.
+	wantCache      map[dataplane.VIP]*cachedWant
+	cacheNodeAddrs []netip.Addr
 	// appliedWant is the desired virtual server each applied one was
 	// written from: the same pointer again means nothing to compare.
 	appliedWant map[dataplane.VIP]*wantService
@@ -193,29 +201,92 @@ type liveService struct {
 	vs    VirtualServer
 	name  string
 	dests map[netip.AddrPort]RealServer
+	// want is the desired virtual server it was last written from (nil
+	// when only read from the kernel): its set members, for partial Syncs.
+	want *wantService
 }
 
-// cachedWant is the wantService built from a ServicePort, so the next Sync
-// reuses it while the ServicePort is unchanged (most of them, most times).
+// cachedWant is the wantServices built from a ServicePort, so the next Sync
+// reuses them while the ServicePort is unchanged (most of them, most times).
 type cachedWant struct {
 	sp dataplane.ServicePort
-	w  *wantService
+	ws []*wantService
 }
 
-// wantService is one virtual server as the desired state has it.
+// wantService is one virtual server (one entry point of a Service port) as
+// the desired state has it.
 type wantService struct {
 	vs    VirtualServer
 	name  string
+	meta  entryMeta
 	dests map[netip.AddrPort]int
 	// order is the destinations sorted, for deterministic writes.
 	order []netip.AddrPort
 }
 
-// desired turns the State into virtual servers with integer weights.
-func (p *Proxier) desired(s dataplane.State) (map[dataplane.VIP]*wantService, error) {
+// entryMeta is what an entry point is, beyond its destinations: which sets
+// it belongs to, hence what the rules do with its traffic.
+type entryMeta struct {
+	// entry is dataplane.EntryClusterIP, EntryNodePort, EntryExternalIP or
+	// EntryLoadBalancer.
+	entry string
+	// local is the Local traffic policy (the internal one for the
+	// clusterIP, the external one for the others).
+	local bool
+	// drop: the policy leaves no endpoint while others exist; new
+	// connections are dropped (SetDrop), as in the iptables mode.
+	drop bool
+	// ranges are loadBalancerSourceRanges, comma-separated, in order.
+	ranges string
+}
+
+// onDummy reports whether the entry's address belongs on the dummy
+// interface: every one but node ports, which use the node's own addresses.
+func (m entryMeta) onDummy() bool { return m.entry != dataplane.EntryNodePort }
+
+// comment is the entry's member comment in SetVIPs, SetExternal or
+// SetExternalLocal: the Service port's name, and what explain cannot read
+// from the set the member is in. No spaces: ipset restore splits on them.
+func (m entryMeta) comment(name string) string {
+	switch {
+	case m.entry != dataplane.EntryClusterIP:
+		return name + "|" + m.entry
+	case m.local:
+		return name + "|" + dataplane.PolicyLocal
+	}
+	return name
+}
+
+// parseComment reads a comment back: the name, and the entry kind or
+// policy after "|".
+func parseComment(c string) (name, extra string) {
+	name, extra, _ = strings.Cut(c, "|")
+	return name, extra
+}
+
+// desired turns the State into virtual servers with integer weights: per
+// Service port, the clusterIP, each node address with the node port, each
+// external and load-balancer IP. Every backend is a destination of each of
+// them; those the entry's policy (or topology) leaves out have weight 0, so
+// their established connections drain instead of breaking.
+func (p *Proxier) desired(s dataplane.State, nodeAddrs []netip.Addr) map[dataplane.VIP]*wantService {
 	out := make(map[dataplane.VIP]*wantService, len(s.Services))
+	if !slices.Equal(nodeAddrs, p.cacheNodeAddrs) {
+		p.wantCache, p.cacheNodeAddrs = nil, slices.Clone(nodeAddrs)
+	}
 	next := make(map[dataplane.VIP]*cachedWant, len(s.Services))
 	skipped := 0
+	put := func(w *wantService) {
+		if o := out[w.vs.Key()]; o != nil {
+			// Two Services claim one address and port (an external IP
+			// twice, a node address that is also an external IP): the
+			// first in name order keeps it, as kube-proxy's last-write
+			// would be arbitrary.
+			log.WithFields(logrus.Fields{fieldVIP: w.vs.Key().String(), fieldSvc: w.name, "owner": o.name}).Warn("entry point already used by another Service port; skipped")
+			return
+		}
+		out[w.vs.Key()] = w
+	}
 	for i := range s.Services {
 		sp := &s.Services[i]
 		if !sp.VIP.IP.Is4() {
@@ -224,56 +295,144 @@ func (p *Proxier) desired(s dataplane.State) (map[dataplane.VIP]*wantService, er
 			continue
 		}
 		if c := p.wantCache[sp.VIP]; c != nil && c.sp.Equal(sp) {
-			out[sp.VIP] = c.w // unchanged since the last Sync: reuse
+			for _, w := range c.ws {
+				put(w) // unchanged since the last Sync: reuse
+			}
+			next[sp.VIP] = c
 			continue
 		}
-		sched := sp.Scheduler
-		if sched == "" {
-			sched = p.cfg.Scheduler
-		}
-		w := &wantService{
-			vs: VirtualServer{Address: sp.VIP.IP, Port: sp.VIP.Port, Protocol: sp.VIP.Protocol, Scheduler: sched,
-				Persistence: uint32(max(0, sp.AffinitySeconds))},
-			name:  sp.Name.String(),
-			dests: make(map[netip.AddrPort]int, len(sp.Backends)),
-		}
-		// Traffic to the VIP goes to the internal backends (topology and
-		// internalTrafficPolicy applied); the others stay at weight 0 so
-		// their established connections drain.
-		internal := map[netip.AddrPort]bool{}
-		for _, b := range sp.InternalBackends() {
-			internal[b.Addr()] = true
-		}
-		fs := make([]float64, len(sp.Backends))
-		for j, b := range sp.Backends {
-			if internal[b.Addr()] {
-				fs[j] = b.Weight
-			}
-		}
-		for j, iw := range IntWeights(fs) {
-			a := sp.Backends[j].Addr()
-			if _, dup := w.dests[a]; !dup {
-				w.order = append(w.order, a)
-			}
-			w.dests[a] += iw
-		}
-		slices.SortFunc(w.order, netip.AddrPort.Compare)
-		out[sp.VIP] = w
-		c := cachedWant{sp: *sp, w: w}
+		c := &cachedWant{sp: *sp, ws: p.entries(sp, nodeAddrs)}
 		c.sp.Backends = slices.Clone(sp.Backends)
-		next[sp.VIP] = &c
-	}
-	// Reused entries carry over; dropped Services leave the cache.
-	for vip := range out {
-		if next[vip] == nil {
-			next[vip] = p.wantCache[vip]
+		c.sp.ExternalIPs = slices.Clone(sp.ExternalIPs)
+		c.sp.LoadBalancerIPs = slices.Clone(sp.LoadBalancerIPs)
+		c.sp.SourceRanges = slices.Clone(sp.SourceRanges)
+		for _, w := range c.ws {
+			put(w)
 		}
+		next[sp.VIP] = c
 	}
 	p.wantCache = next
 	if skipped > 0 && !p.warnedIPv6 {
 		log.WithField("ports", skipped).Warn("IPv6 Service ports are not programmed in IPVS mode yet")
 		p.warnedIPv6 = true
 	}
+	return out
+}
+
+// entries returns the virtual servers of one Service port.
+func (p *Proxier) entries(sp *dataplane.ServicePort, nodeAddrs []netip.Addr) []*wantService {
+	sched := sp.Scheduler
+	if sched == "" {
+		sched = p.cfg.Scheduler
+	}
+	name := sp.Name.String()
+	none := len(sp.Active()) == 0
+	// weights gives every backend its weight among bs, 0 for the others.
+	weights := func(bs []dataplane.Backend) (map[netip.AddrPort]int, []netip.AddrPort) {
+		in := map[netip.AddrPort]bool{}
+		for _, b := range bs {
+			in[b.Addr()] = true
+		}
+		fs := make([]float64, len(sp.Backends))
+		for j, b := range sp.Backends {
+			if in[b.Addr()] {
+				fs[j] = b.Weight
+			}
+		}
+		dests := make(map[netip.AddrPort]int, len(sp.Backends))
+		var order []netip.AddrPort
+		for j, iw := range IntWeights(fs) {
+			a := sp.Backends[j].Addr()
+			if _, dup := dests[a]; !dup {
+				order = append(order, a)
+			}
+			dests[a] += iw
+		}
+		slices.SortFunc(order, netip.AddrPort.Compare)
+		return dests, order
+	}
+	mk := func(ip netip.Addr, port uint16, meta entryMeta, dests map[netip.AddrPort]int, order []netip.AddrPort) *wantService {
+		return &wantService{
+			vs: VirtualServer{Address: ip, Port: port, Protocol: sp.VIP.Protocol, Scheduler: sched,
+				Persistence: uint32(max(0, sp.AffinitySeconds))},
+			name: name, meta: meta, dests: dests, order: order,
+		}
+	}
+	internal := sp.InternalBackends()
+	idests, iorder := weights(internal)
+	ws := []*wantService{mk(sp.VIP.IP, sp.VIP.Port, entryMeta{entry: dataplane.EntryClusterIP, local: sp.InternalLocal,
+		drop: len(internal) == 0 && !none}, idests, iorder)}
+	if !sp.HasExternal() {
+		return ws
+	}
+	// The external entry points share one set of destinations (read-only).
+	external := sp.ExternalBackends()
+	edests, eorder := weights(external)
+	ext := entryMeta{local: sp.ExternalLocal, drop: len(external) == 0 && !none}
+	if sp.NodePort != 0 {
+		m := ext
+		m.entry = dataplane.EntryNodePort
+		for _, a := range nodeAddrs {
+			ws = append(ws, mk(a, sp.NodePort, m, edests, eorder))
+		}
+	}
+	for _, ip := range sp.ExternalIPs {
+		m := ext
+		m.entry = dataplane.EntryExternalIP
+		ws = append(ws, mk(ip, sp.VIP.Port, m, edests, eorder))
+	}
+	var ranges []string
+	for _, r := range sp.SourceRanges {
+		if r.Addr().Is4() {
+			ranges = append(ranges, r.String())
+		}
+	}
+	for _, ip := range sp.LoadBalancerIPs {
+		m := ext
+		m.entry, m.ranges = dataplane.EntryLoadBalancer, strings.Join(ranges, ",")
+		ws = append(ws, mk(ip, sp.VIP.Port, m, edests, eorder))
+	}
+	return ws
+}
+
+// nodeAddresses returns the IPv4 addresses node ports are open on: those
+// of Config.NodeAddresses that are not on the dummy interface (a node
+// address list taken from every interface includes the VIPs there) and are
+// not a desired clusterIP, external or load-balancer IP.
+func (p *Proxier) nodeAddresses(s dataplane.State) ([]netip.Addr, error) {
+	if p.cfg.NodeAddresses == nil {
+		return nil, nil
+	}
+	all := p.cfg.NodeAddresses()
+	if len(all) == 0 {
+		return nil, nil
+	}
+	skip := map[netip.Addr]bool{}
+	onLink, err := p.links.Addresses(p.cfg.Interface)
+	if err != nil {
+		return nil, err
+	}
+	for _, a := range onLink {
+		skip[a] = true
+	}
+	for i := range s.Services {
+		sp := &s.Services[i]
+		skip[sp.VIP.IP] = true
+		for _, a := range sp.ExternalIPs {
+			skip[a] = true
+		}
+		for _, a := range sp.LoadBalancerIPs {
+			skip[a] = true
+		}
+	}
+	var out []netip.Addr
+	for _, a := range all {
+		a = a.Unmap()
+		if a.Is4() && !skip[a] && !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
 	return out, nil
 }
 
@@ -287,10 +446,11 @@ func (p *Proxier) Sync(s dataplane.State, full bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	start := p.cfg.Now()
-	want, err := p.desired(s)
+	nodeAddrs, err := p.nodeAddresses(s)
 	if err != nil {
 		return err
 	}
+	want := p.desired(s, nodeAddrs)
 	canaryMissing := false
 	if p.applied == nil || !p.ready {
 		full = true
@@ -439,21 +599,11 @@ func (p *Proxier) setup() error {
 }
 
 func (p *Proxier) setSysctl(name, value string) error {
-	path := filepath.Join(p.cfg.SysctlDir, strings.ReplaceAll(name, ".", "/"))
-	cur, err := os.ReadFile(path)
+	err := dataplane.SetSysctlAt(p.cfg.SysctlDir, name, value)
 	if errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("sysctl %s is missing: the kernel has no IPVS (load the ip_vs module, or build with CONFIG_IP_VS)", name)
 	}
-	if err != nil {
-		return fmt.Errorf("sysctl %s: %w", name, err)
-	}
-	if strings.TrimSpace(string(cur)) == value {
-		return nil
-	}
-	if err := os.WriteFile(path, []byte(value), 0o644); err != nil {
-		return fmt.Errorf("sysctl %s=%s: %w", name, value, err)
-	}
-	return nil
+	return err
 }
 
 // canary reports whether everything the last Sync applied is still there
@@ -477,8 +627,8 @@ func (p *Proxier) canary() bool {
 	for _, a := range addrs {
 		onLink[a] = true
 	}
-	for vip := range p.applied {
-		if !live[vip] || !onLink[vip.IP] {
+	for vip, a := range p.applied {
+		if !live[vip] || (a.want != nil && a.want.meta.onDummy() && !onLink[vip.IP]) {
 			log.WithField(fieldVIP, vip.String()).Info("applied virtual server or VIP gone from the kernel; running a full sync")
 			return false
 		}
@@ -486,10 +636,12 @@ func (p *Proxier) canary() bool {
 	return true
 }
 
-// ours reports which live virtual servers are steelyard's: those whose VIP
-// is on the dummy interface or in the VIP set. Others (Docker swarm's, a
-// hand-made one) are never touched.
-func (p *Proxier) ours() (func(VirtualServer) bool, map[dataplane.VIP]string, error) {
+// ours reports which live virtual servers are steelyard's: those whose
+// address is on the dummy interface or that are named in one of the entry
+// sets (node ports are on the node's own addresses). Others (Docker
+// swarm's, a hand-made one) are never touched. It also returns each entry's
+// set comment, by set.
+func (p *Proxier) ours() (func(VirtualServer) bool, map[dataplane.VIP]setComment, error) {
 	addrs, err := p.links.Addresses(p.cfg.Interface)
 	if err != nil {
 		return nil, nil, err
@@ -498,20 +650,34 @@ func (p *Proxier) ours() (func(VirtualServer) bool, map[dataplane.VIP]string, er
 	for _, a := range addrs {
 		onLink[a] = true
 	}
-	entries, err := p.sets.Entries(SetVIPs)
-	if err != nil {
-		return nil, nil, err
-	}
-	names := map[dataplane.VIP]string{}
-	for _, e := range entries {
-		if vip, ok := parseVIPMember(e.Member); ok {
-			names[vip] = e.Comment
+	names := map[dataplane.VIP]setComment{}
+	for _, set := range []string{SetVIPs, SetExternal, SetExternalLocal} {
+		entries, err := p.sets.Entries(set)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, e := range entries {
+			if vip, ok := parseVIPMember(e.Member); ok {
+				names[vip] = setComment{set: set, comment: e.Comment}
+			}
 		}
 	}
 	return func(v VirtualServer) bool {
 		_, named := names[v.Key()]
 		return onLink[v.Address] || named
 	}, names, nil
+}
+
+// setComment is the set an entry is a member of, and its comment there.
+type setComment struct {
+	set     string
+	comment string
+}
+
+// name returns the Service port's name from the comment.
+func (c setComment) name() string {
+	n, _ := parseComment(c.comment)
+	return n
 }
 
 // readLive returns the live state of steelyard's virtual servers: all of
@@ -546,7 +712,7 @@ func (p *Proxier) readLive(want map[dataplane.VIP]*wantService, full bool, stats
 			if !wanted && !isOurs(vs) {
 				continue
 			}
-			if err := read(vs, names[vs.Key()]); err != nil {
+			if err := read(vs, names[vs.Key()].name()); err != nil {
 				return nil, err
 			}
 		}
@@ -558,6 +724,7 @@ func (p *Proxier) readLive(want map[dataplane.VIP]*wantService, full bool, stats
 			if err := read(a.vs, a.name); err != nil {
 				return nil, err
 			}
+			live[vip].want = a.want
 			continue
 		}
 		live[vip] = a
@@ -576,7 +743,7 @@ func (p *Proxier) unchanged(vip dataplane.VIP, a *liveService, w *wantService) b
 
 // matches reports whether the applied service already is w (no draining).
 func (a *liveService) matches(w *wantService) bool {
-	if a.vs != w.vs || a.name != w.name || len(a.dests) != len(w.dests) {
+	if a.vs != w.vs || a.name != w.name || len(a.dests) != len(w.dests) || a.want == nil || a.want.meta != w.meta {
 		return false
 	}
 	for addr, weight := range w.dests {
@@ -606,7 +773,7 @@ func (p *Proxier) syncService(w *wantService, l *liveService, now time.Time) (*l
 		lg.WithFields(logrus.Fields{"scheduler": w.vs.Scheduler, "persistence": w.vs.Persistence}).Debug("changed scheduler or persistence")
 		l.vs = w.vs
 	}
-	l.name = w.name
+	l.name, l.want = w.name, w
 	writes := 0
 	var errs []error
 	for _, addr := range w.order {
@@ -710,12 +877,14 @@ func (p *Proxier) syncAddresses(want map[dataplane.VIP]*wantService, live map[da
 			have[a] = true
 		}
 	} else {
-		for vip := range p.applied {
-			have[vip.IP] = true
+		for vip, a := range p.applied {
+			if a.want != nil && a.want.meta.onDummy() {
+				have[vip.IP] = true
+			}
 		}
 	}
 	for _, vip := range sortedVIPs(want) {
-		if have[vip.IP] {
+		if have[vip.IP] || !want[vip].meta.onDummy() {
 			continue
 		}
 		if err := p.links.AddAddress(p.cfg.Interface, vip.IP); err != nil {
@@ -730,8 +899,10 @@ func (p *Proxier) syncAddresses(want map[dataplane.VIP]*wantService, live map[da
 // desired Service uses any more.
 func (p *Proxier) removeStaleAddresses(want map[dataplane.VIP]*wantService, full bool) error {
 	wanted := map[netip.Addr]bool{}
-	for vip := range want {
-		wanted[vip.IP] = true
+	for vip, w := range want {
+		if w.meta.onDummy() {
+			wanted[vip.IP] = true
+		}
 	}
 	var candidates []netip.Addr
 	if full {
@@ -741,8 +912,10 @@ func (p *Proxier) removeStaleAddresses(want map[dataplane.VIP]*wantService, full
 		}
 		candidates = addrs
 	} else {
-		for vip := range p.applied {
-			candidates = append(candidates, vip.IP)
+		for vip, a := range p.applied {
+			if a.want == nil || a.want.meta.onDummy() {
+				candidates = append(candidates, vip.IP)
+			}
 		}
 	}
 	for _, a := range candidates {
@@ -787,37 +960,83 @@ func loopMember(vip dataplane.VIP, d netip.AddrPort) string {
 	return fmt.Sprintf("%s,%s:%d,%s", d.Addr(), vip.Protocol.Lower(), d.Port(), d.Addr())
 }
 
-// syncSets makes the two sets hold exactly the desired members, in one
-// ipset restore. Draining destinations keep their loopback member.
+// members returns the set members of an entry point, by set, with their
+// comments; the loopback members (per destination) are left to the caller.
+func (w *wantService) members() map[string]map[string]string {
+	vip := w.vs.Key()
+	m := vipMember(vip)
+	out := map[string]map[string]string{}
+	add := func(set, member, comment string) {
+		if out[set] == nil {
+			out[set] = map[string]string{}
+		}
+		out[set][member] = comment
+	}
+	switch {
+	case w.meta.entry == dataplane.EntryClusterIP:
+		add(SetVIPs, m, w.meta.comment(w.name))
+	case w.meta.local:
+		add(SetExternalLocal, m, w.meta.comment(w.name))
+	default:
+		add(SetExternal, m, w.meta.comment(w.name))
+	}
+	if w.meta.drop {
+		add(SetDrop, m, "")
+	}
+	if w.meta.ranges != "" {
+		add(SetFirewall, m, "")
+		for i, r := range strings.Split(w.meta.ranges, ",") {
+			// The comment keeps the range's position: explain shows them
+			// in the Service's order.
+			add(SetSourceRanges, m+","+r, fmt.Sprint(i))
+		}
+	}
+	return out
+}
+
+// syncSets makes the sets hold exactly the desired members, in one ipset
+// restore. Draining destinations keep their loopback member.
 func (p *Proxier) syncSets(want map[dataplane.VIP]*wantService, full bool) error {
-	wantVIPs, wantLoop := map[string]string{}, map[string]string{}
-	haveVIPs, haveLoop := map[string]string{}, map[string]string{}
+	wantM, haveM := map[string]map[string]string{}, map[string]map[string]string{}
+	for _, st := range setTypes {
+		wantM[st.name], haveM[st.name] = map[string]string{}, map[string]string{}
+	}
 	addWant := func(vip dataplane.VIP, w *wantService) {
-		wantVIPs[vipMember(vip)] = w.name
+		for set, ms := range w.members() {
+			for m, c := range ms {
+				wantM[set][m] = c
+			}
+		}
 		for addr := range w.dests {
-			wantLoop[loopMember(vip, addr)] = ""
+			wantM[SetLoopback][loopMember(vip, addr)] = ""
 		}
 		for addr := range p.draining[vip] {
-			wantLoop[loopMember(vip, addr)] = ""
+			wantM[SetLoopback][loopMember(vip, addr)] = ""
 		}
 	}
 	addHave := func(vip dataplane.VIP, a *liveService) {
-		haveVIPs[vipMember(vip)] = a.name
+		if a.want != nil {
+			for set, ms := range a.want.members() {
+				for m, c := range ms {
+					haveM[set][m] = c
+				}
+			}
+		}
 		for addr := range a.dests {
-			haveLoop[loopMember(vip, addr)] = ""
+			haveM[SetLoopback][loopMember(vip, addr)] = ""
 		}
 	}
 	if full {
 		for vip, w := range want {
 			addWant(vip, w)
 		}
-		for name, have := range map[string]map[string]string{SetVIPs: haveVIPs, SetLoopback: haveLoop} {
-			entries, err := p.sets.Entries(name)
+		for _, st := range setTypes {
+			entries, err := p.sets.Entries(st.name)
 			if err != nil {
 				return err
 			}
 			for _, e := range entries {
-				have[e.Member] = e.Comment
+				haveM[st.name][e.Member] = e.Comment
 			}
 		}
 	} else {
@@ -837,10 +1056,34 @@ func (p *Proxier) syncSets(want map[dataplane.VIP]*wantService, full bool) error
 				addHave(vip, a)
 			}
 		}
+		// A loopback member is per destination, and a destination can
+		// serve several entry points (a node port and its clusterIP, two
+		// Services over one pod port): keep the members that an entry
+		// this partial Sync did not look at still needs.
+		var gone []string
+		for m := range haveM[SetLoopback] {
+			if _, ok := wantM[SetLoopback][m]; !ok {
+				gone = append(gone, m)
+			}
+		}
+		if len(gone) > 0 {
+			needed := map[string]bool{}
+			for vip, w := range want {
+				for addr := range w.dests {
+					needed[loopMember(vip, addr)] = true
+				}
+			}
+			for _, m := range gone {
+				if needed[m] {
+					wantM[SetLoopback][m] = ""
+				}
+			}
+		}
 	}
 	var b strings.Builder
-	diffSet(&b, SetVIPs, wantVIPs, haveVIPs, true)
-	diffSet(&b, SetLoopback, wantLoop, haveLoop, false)
+	for _, st := range setTypes {
+		diffSet(&b, st.name, wantM[st.name], haveM[st.name], st.comments)
+	}
 	if b.Len() == 0 {
 		return nil
 	}
@@ -908,4 +1151,13 @@ func (p *Proxier) Draining() map[dataplane.VIP][]netip.AddrPort {
 		out[vip] = sortedAddrs(d)
 	}
 	return out
+}
+
+// SetNodeAddresses sets Config.NodeAddresses after construction: the agent
+// learns the node's addresses (--nodeport-addresses, the Node object) after
+// it opened the dataplane.
+func (p *Proxier) SetNodeAddresses(f func() []netip.Addr) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cfg.NodeAddresses = f
 }

@@ -452,7 +452,7 @@ func TestMasqueradeRulesStayAFixedHandful(t *testing.T) {
 		return rules
 	}
 	one, many := count(1), count(1000)
-	if one != many || one > 12 {
+	if one != many || one > 16 {
 		t.Errorf("rules: %d for 1 Service, %d for 1,000; want the same handful", one, many)
 	}
 	k := newTestKernel(t)
@@ -462,6 +462,10 @@ func TestMasqueradeRulesStayAFixedHandful(t *testing.T) {
 		"-A PREROUTING -m comment --comment \"steelyard ipvs services\" -j IPVS-STEELYARD-SERVICES",
 		"-A IPVS-STEELYARD-SERVICES -s 198.19.0.0/16",
 		"--match-set STEELYARD-IPVS-LOOP dst,dst,src -j MASQUERADE",
+		"-A INPUT -m conntrack --ctstate NEW -m comment --comment \"steelyard ipvs filter\" -j IPVS-STEELYARD-FILTER",
+		"-A IPVS-STEELYARD-FILTER -m set --match-set STEELYARD-IPVS-DROP dst,dst",
+		"--match-set STEELYARD-IPVS-LB-FW dst,dst -m set ! --match-set STEELYARD-IPVS-LB-SRC dst,dst,src",
+		"-A IPVS-STEELYARD-SERVICES -m set --match-set STEELYARD-IPVS-EXT-LOCAL dst,dst",
 	} {
 		if !strings.Contains(string(saved), want) {
 			t.Errorf("rules lack %q:\n%s", want, saved)
@@ -681,5 +685,230 @@ func TestPartialSyncCanary(t *testing.T) {
 	}
 	if addrs, _ := k.links.Addresses(DefaultInterface); len(addrs) != 1 {
 		t.Errorf("VIP not back on %s: %v", DefaultInterface, addrs)
+	}
+}
+
+// parityState is one Service port per kube-proxy parity feature (node 198.19.0.1
+// and 198.19.254.1; local backends are Local: true):
+//
+//	np     NodePort 30080, Cluster policy, 10/90 with one remote backend
+//	lb     externalIP 198.18.1.10, LB IP 198.18.2.10 with source ranges, node port 30081
+//	etp    externalTrafficPolicy Local, node port 30082 and LB IP 198.18.2.20: 1:3 local, 6 remote
+//	none   externalTrafficPolicy Local, node port 30083, only a remote backend
+//	itp    internalTrafficPolicy Local, only a remote backend
+//	aff    ClientIP affinity 10 s on a node port
+func parityState() dataplane.State {
+	local := func(b dataplane.Backend) dataplane.Backend { b.Local = true; return b }
+	np := svc("np", "198.18.0.20", 80, dataplane.TCP, local(be("198.19.20.2:8080", 10)), be("198.19.20.3:8080", 90))
+	np.NodePort = 30080
+	lb := svc("lb", "198.18.0.21", 80, dataplane.TCP, be("198.19.21.2:8080", 10), be("198.19.21.3:8080", 90))
+	lb.NodePort = 30081
+	lb.ExternalIPs = []netip.Addr{netip.MustParseAddr("198.18.1.10")}
+	lb.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("198.18.2.10")}
+	lb.SourceRanges = []netip.Prefix{netip.MustParsePrefix("198.19.254.0/25"), netip.MustParsePrefix("198.19.253.0/24")}
+	etp := svc("etp", "198.18.0.22", 80, dataplane.TCP, local(be("198.19.22.2:8080", 1)), local(be("198.19.22.3:8080", 3)), be("198.19.22.4:8080", 6))
+	etp.NodePort, etp.ExternalLocal, etp.HealthCheckNodePort = 30082, true, 30992
+	etp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("198.18.2.20")}
+	none := svc("none", "198.18.0.23", 80, dataplane.TCP, be("198.19.22.5:8080", 1))
+	none.NodePort, none.ExternalLocal = 30083, true
+	itp := svc("itp", "198.18.0.25", 80, dataplane.TCP, be("198.19.23.5:8080", 1))
+	itp.InternalLocal = true
+	aff := svc("aff", "198.18.0.26", 80, dataplane.TCP, local(be("198.19.24.2:8080", 20)), be("198.19.24.3:8080", 80))
+	aff.NodePort, aff.AffinitySeconds = 30086, 10
+	return state(np, lb, etp, none, itp, aff)
+}
+
+func nodeAddrs(as ...string) func() []netip.Addr {
+	return func() []netip.Addr {
+		var out []netip.Addr
+		for _, a := range as {
+			out = append(out, netip.MustParseAddr(a))
+		}
+		return out
+	}
+}
+
+func TestEntryPoints(t *testing.T) {
+	k := newTestKernel(t)
+	// The node's address list includes a VIP on steelyard0 (taken from
+	// every interface) and an IPv6 address: both are left out.
+	k.cfg.NodeAddresses = nodeAddrs("198.19.254.1", "198.19.0.1", "198.18.0.20", "2001:2:0:fe::1")
+	k.restart()
+	st := parityState()
+	k.sync(t, st, true)
+	dump := k.ipvs.Dump()
+	for _, want := range []string{
+		// Node port on each node address, Cluster policy: every backend.
+		"TCP 198.19.0.1:30080 wrr\n  -> 198.19.20.2:8080 10\n  -> 198.19.20.3:8080 90\n",
+		"TCP 198.19.254.1:30080 wrr\n  -> 198.19.20.2:8080 10\n  -> 198.19.20.3:8080 90\n",
+		"TCP 198.18.1.10:80 wrr\n  -> 198.19.21.2:8080 10\n  -> 198.19.21.3:8080 90\n",
+		"TCP 198.18.2.10:80 wrr\n",
+		// ETP Local: the remote backend stays at weight 0 on external entries,
+		// the clusterIP still reaches it.
+		"TCP 198.19.0.1:30082 wrr\n  -> 198.19.22.2:8080 1\n  -> 198.19.22.3:8080 3\n  -> 198.19.22.4:8080 0\n",
+		"TCP 198.18.2.20:80 wrr\n  -> 198.19.22.2:8080 1\n  -> 198.19.22.3:8080 3\n  -> 198.19.22.4:8080 0\n",
+		"TCP 198.18.0.22:80 wrr\n  -> 198.19.22.2:8080 1\n  -> 198.19.22.3:8080 3\n  -> 198.19.22.4:8080 6\n",
+		"TCP 198.19.0.1:30083 wrr\n  -> 198.19.22.5:8080 0\n",
+		"TCP 198.18.0.25:80 wrr\n  -> 198.19.23.5:8080 0\n",
+	} {
+		if !strings.Contains(dump, want) {
+			t.Errorf("IPVS table lacks\n%s\n%s", want, dump)
+		}
+	}
+	if strings.Contains(dump, "198.18.0.20:30080") || strings.Contains(dump, "2001:2") {
+		t.Errorf("node port on a VIP or an IPv6 address:\n%s", dump)
+	}
+	vss, _ := k.ipvs.VirtualServers()
+	for _, vs := range vss {
+		if (vs.Port == 30086 || vs.Address == netip.MustParseAddr("198.18.0.26")) && vs.Persistence != 10 {
+			t.Errorf("%s: persistence %d, want 10 (affinity on every entry point)", vs.Key(), vs.Persistence)
+		}
+	}
+	// Only clusterIP, external and LB IPs on the dummy interface.
+	addrs, _ := k.links.Addresses(DefaultInterface)
+	for _, a := range addrs {
+		if a == netip.MustParseAddr("198.19.0.1") || a == netip.MustParseAddr("198.19.254.1") {
+			t.Errorf("node address %s put on %s", a, DefaultInterface)
+		}
+	}
+	if !slices.Contains(addrs, netip.MustParseAddr("198.18.1.10")) || !slices.Contains(addrs, netip.MustParseAddr("198.18.2.20")) {
+		t.Errorf("external and LB IPs missing from %s: %v", DefaultInterface, addrs)
+	}
+	members := func(set string) []string {
+		es, _ := k.sets.Entries(set)
+		var out []string
+		for _, e := range es {
+			out = append(out, strings.TrimSpace(e.Member+" "+e.Comment))
+		}
+		return out
+	}
+	for set, want := range map[string][]string{
+		SetExternal: {"198.18.1.10,tcp:80 demo/lb:p|externalIP", "198.18.2.10,tcp:80 demo/lb:p|loadBalancer",
+			"198.19.0.1,tcp:30080 demo/np:p|nodePort", "198.19.0.1,tcp:30081 demo/lb:p|nodePort", "198.19.0.1,tcp:30086 demo/aff:p|nodePort",
+			"198.19.254.1,tcp:30080 demo/np:p|nodePort", "198.19.254.1,tcp:30081 demo/lb:p|nodePort", "198.19.254.1,tcp:30086 demo/aff:p|nodePort"},
+		SetExternalLocal: {"198.18.2.20,tcp:80 demo/etp:p|loadBalancer", "198.19.0.1,tcp:30082 demo/etp:p|nodePort", "198.19.0.1,tcp:30083 demo/none:p|nodePort",
+			"198.19.254.1,tcp:30082 demo/etp:p|nodePort", "198.19.254.1,tcp:30083 demo/none:p|nodePort"},
+		SetDrop:         {"198.18.0.25,tcp:80", "198.19.0.1,tcp:30083", "198.19.254.1,tcp:30083"},
+		SetFirewall:     {"198.18.2.10,tcp:80"},
+		SetSourceRanges: {"198.18.2.10,tcp:80,198.19.253.0/24 1", "198.18.2.10,tcp:80,198.19.254.0/25 0"},
+	} {
+		if got := members(set); !slices.Equal(got, want) {
+			t.Errorf("%s:\n%s\nwant:\n%s", set, strings.Join(got, "\n"), strings.Join(want, "\n"))
+		}
+	}
+	if got := members(SetVIPs); !slices.Contains(got, "198.18.0.25,tcp:80 demo/itp:p|Local") {
+		t.Errorf("%s lacks the ITP Local clusterIP: %v", SetVIPs, got)
+	}
+
+	// Explain agrees with the desired state: one view per entry point.
+	views, err := k.p.Explain()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := dataplane.Diff(dataplane.Expected(st), views); len(diff) != 0 {
+		t.Errorf("explain differs from the desired state:\n%s", strings.Join(diff, "\n"))
+	}
+	var b strings.Builder
+	_ = dataplane.WriteViews(&b, views, "text")
+	for _, want := range []string{
+		"0.0.0.0:30080/TCP  198.19.20.2:8080 10.00%  198.19.20.3:8080 90.00%  demo/np:p  [nodePort, on 198.19.0.1,198.19.254.1, policy Cluster]",
+		"0.0.0.0:30082/TCP  198.19.22.2:8080 25.00%  198.19.22.3:8080 75.00%  demo/etp:p  [nodePort, on 198.19.0.1,198.19.254.1, policy Local]",
+		"0.0.0.0:30083/TCP  drop (no local endpoints)  demo/none:p  [nodePort, on 198.19.0.1,198.19.254.1, policy Local]",
+		"198.18.0.25:80/TCP  drop (no local endpoints)  demo/itp:p  [clusterIP, policy Local]",
+		"198.18.2.10:80/TCP  198.19.21.2:8080 10.00%  198.19.21.3:8080 90.00%  demo/lb:p  [loadBalancer, policy Cluster, from 198.19.254.0/25,198.19.253.0/24]",
+		"0.0.0.0:30086/TCP  198.19.24.2:8080 20.00%  198.19.24.3:8080 80.00%  demo/aff:p  [nodePort, on 198.19.0.1,198.19.254.1, policy Cluster, affinity ClientIP 10s]",
+	} {
+		if !strings.Contains(b.String(), want+"\n") {
+			t.Errorf("explain lacks\n%s\n%s", want, b.String())
+		}
+	}
+
+	// A restart with the same state writes nothing; so does a partial Sync.
+	k.restart()
+	writes := k.ipvs.Writes
+	k.sync(t, st, true)
+	k.sync(t, st, false)
+	if k.ipvs.Writes != writes {
+		t.Errorf("%d IPVS writes with nothing changed", k.ipvs.Writes-writes)
+	}
+
+	// The node loses an address: its node-port virtual servers and set
+	// members go, on a partial Sync.
+	k.cfg.NodeAddresses = nodeAddrs("198.19.0.1")
+	k.p.SetNodeAddresses(k.cfg.NodeAddresses)
+	k.sync(t, st, false)
+	if d := k.ipvs.Dump(); strings.Contains(d, "198.19.254.1:") {
+		t.Errorf("node port left on a removed node address:\n%s", d)
+	}
+	for _, set := range []string{SetExternal, SetExternalLocal, SetDrop} {
+		for _, m := range members(set) {
+			if strings.HasPrefix(m, "198.19.254.1,") {
+				t.Errorf("%s keeps %s", set, m)
+			}
+		}
+	}
+
+	// A local endpoint appears for "none": the drop goes, the node port
+	// forwards to it; ETP flips to Cluster for "etp": it moves sets.
+	st2 := parityState()
+	for i := range st2.Services {
+		sp := &st2.Services[i]
+		switch sp.Name.Name {
+		case "none":
+			sp.Backends[0].Local = true
+		case "etp":
+			sp.ExternalLocal = false
+		}
+	}
+	k.sync(t, st2, false)
+	if got := members(SetDrop); !slices.Equal(got, []string{"198.18.0.25,tcp:80"}) {
+		t.Errorf("%s after a local endpoint appeared: %v", SetDrop, got)
+	}
+	if got := members(SetExternalLocal); len(got) != 1 || !strings.HasPrefix(got[0], "198.19.0.1,tcp:30083 ") {
+		t.Errorf("%s after etp became Cluster: %v", SetExternalLocal, got)
+	}
+	views, _ = k.p.Explain()
+	if diff := dataplane.Diff(dataplane.Expected(st2), views); len(diff) != 0 {
+		t.Errorf("explain after partial Syncs differs:\n%s", strings.Join(diff, "\n"))
+	}
+	// A full Sync from a fresh proxier agrees with what the partial ones did.
+	before := k.ipvs.Dump()
+	k.restart()
+	k.sync(t, st2, true)
+	if got := k.ipvs.Dump(); got != before {
+		t.Errorf("full Sync after partial ones changed the table:\n%s\nwant:\n%s", got, before)
+	}
+
+	// Cleanup removes the node-port virtual servers too, and every set.
+	if err := k.p.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if d := k.ipvs.Dump(); d != "" {
+		t.Errorf("left after cleanup:\n%s", d)
+	}
+	for _, st := range setTypes {
+		if k.sets.Exists(st.name) {
+			t.Errorf("set %s left after cleanup", st.name)
+		}
+	}
+}
+
+// A destination shared by two Services keeps its loopback member when
+// only one of them lets it go (partial Sync).
+func TestSharedLoopbackMember(t *testing.T) {
+	k := newTestKernel(t)
+	a := svc("a", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2:8080", 1), be("198.19.1.3:8080", 1))
+	b := svc("b", "198.18.0.11", 80, dataplane.TCP, be("198.19.1.2:8080", 1))
+	k.sync(t, state(a, b), true)
+	a2 := svc("a", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.3:8080", 1))
+	k.ipvs.SetConns(a.VIP, netip.MustParseAddrPort("198.19.1.2:8080"), 0, 0)
+	k.sync(t, state(a2, b), false) // drains at weight 0
+	k.sync(t, state(a2, b), false) // idle: deleted
+	if strings.Contains(k.ipvs.Dump(), "198.18.0.10:80 wrr\n  -> 198.19.1.2") {
+		t.Fatalf("not deleted:\n%s", k.ipvs.Dump())
+	}
+	loop, _ := k.sets.Entries(SetLoopback)
+	if !slices.Contains(loop, SetEntry{Member: "198.19.1.2,tcp:8080,198.19.1.2"}) {
+		t.Errorf("loopback member of a destination still used by b removed: %v", loop)
 	}
 }

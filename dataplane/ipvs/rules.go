@@ -7,36 +7,56 @@ import (
 	"github.com/steelyard-net/steelyard/dataplane/iptables"
 )
 
-// The iptables chains of the IPVS dataplane, in the nat table. They hold a
-// fixed handful of rules whatever the number of Services: the VIPs and
-// destinations they match are members of the ipsets (sets.go). They do not
-// start with "STEELYARD-": the iptables mode owns that prefix and deletes
-// the chains under it that it did not write, which would fail (and keep
-// failing) while a jump to one of these exists, after a switch of mode
-// without cleanup.
+// The iptables chains of the IPVS dataplane. They hold a fixed handful of
+// rules whatever the number of Services: the entry points and destinations
+// they match are members of the ipsets (sets.go). They do not start with
+// "STEELYARD-": the iptables mode owns that prefix and deletes the chains
+// under it that it did not write, which would fail (and keep failing) while
+// a jump to one of these exists, after a switch of mode without cleanup.
 const (
-	ChainServices    iptables.Chain = "IPVS-STEELYARD-SERVICES"
+	// ChainServices (nat) marks new connections for masquerading.
+	ChainServices iptables.Chain = "IPVS-STEELYARD-SERVICES"
+	// ChainPostrouting (nat) masquerades what was marked, and hairpins.
 	ChainPostrouting iptables.Chain = "IPVS-STEELYARD-POSTROUTING"
+	// ChainFilter (filter, from INPUT) drops new connections that a Local
+	// policy without local endpoint or loadBalancerSourceRanges refuse. The
+	// filter table's INPUT hook runs before IPVS's (priority 0 < 98), so
+	// the packet is dropped before IPVS schedules it.
+	ChainFilter iptables.Chain = "IPVS-STEELYARD-FILTER"
 )
 
 type ipvsJump struct {
-	from iptables.Chain
-	to   iptables.Chain
-	note string
+	table iptables.Table
+	from  iptables.Chain
+	to    iptables.Chain
+	note  string
+	// match goes before the comment ("-m conntrack --ctstate NEW").
+	match []string
 }
 
 var ipvsJumps = []ipvsJump{
-	{"PREROUTING", ChainServices, "steelyard ipvs services"},
-	{"OUTPUT", ChainServices, "steelyard ipvs services"},
-	{"POSTROUTING", ChainPostrouting, "steelyard ipvs postrouting"},
+	{iptables.TableNAT, "PREROUTING", ChainServices, "steelyard ipvs services", nil},
+	{iptables.TableNAT, "OUTPUT", ChainServices, "steelyard ipvs services", nil},
+	{iptables.TableNAT, "POSTROUTING", ChainPostrouting, "steelyard ipvs postrouting", nil},
+	{iptables.TableFilter, "INPUT", ChainFilter, "steelyard ipvs filter", []string{"-m", "conntrack", "--ctstate", "NEW"}},
+}
+
+// ownChains are the chains rulesText writes, by table.
+var ownChains = []struct {
+	table iptables.Table
+	chain iptables.Chain
+}{
+	{iptables.TableNAT, ChainServices},
+	{iptables.TableNAT, ChainPostrouting},
+	{iptables.TableFilter, ChainFilter},
 }
 
 func (j ipvsJump) args() []string {
-	return []string{"-m", "comment", "--comment", j.note, "-j", string(j.to)}
+	return append(append([]string(nil), j.match...), "-m", "comment", "--comment", j.note, "-j", string(j.to))
 }
 
-// rulesText renders the two chains for iptables-restore --noflush; declaring
-// a chain flushes it, so the text replaces them whole.
+// rulesText renders the chains for iptables-restore --noflush; declaring a
+// chain flushes it, so the text replaces them whole.
 func rulesText(cfg Config) string {
 	mark := fmt.Sprintf("0x%x", uint32(1)<<cfg.MasqueradeBit)
 	var b strings.Builder
@@ -45,8 +65,14 @@ func rulesText(cfg Config) string {
 	}
 	b.WriteString("*nat\n")
 	fmt.Fprintf(&b, ":%s - [0:0]\n:%s - [0:0]\n", ChainServices, ChainPostrouting)
-	// New connections to a VIP from outside the pod ranges are marked for
-	// masquerading, so replies come back through this node.
+	// External entry points: under the Local policy the client keeps its
+	// address (the destination is on this node, the reply comes back
+	// anyway); under Cluster every client is masqueraded, as kube-proxy
+	// does, since the destination may be on another node.
+	add(ChainServices, "-m", "set", "--match-set", SetExternalLocal, "dst,dst", "-m", "comment", "--comment", `"steelyard: local policy keeps the client address"`, "-j", "RETURN")
+	add(ChainServices, "-m", "set", "--match-set", SetExternal, "dst,dst", "-m", "comment", "--comment", `"steelyard: external entry, cluster policy"`, "-j", "MARK", "--set-xmark", mark+"/"+mark)
+	// New connections to a clusterIP from outside the pod ranges are marked
+	// for masquerading, so replies come back through this node.
 	add(ChainServices, "-m", "set", "!", "--match-set", SetVIPs, "dst,dst", "-j", "RETURN")
 	switch {
 	case cfg.MasqueradeAll:
@@ -64,6 +90,12 @@ func rulesText(cfg Config) string {
 	add(ChainPostrouting, "-j", "MARK", "--set-xmark", "0x0/"+mark)
 	add(ChainPostrouting, "-m", "comment", "--comment", `"steelyard: off-cluster client"`, "-j", "MASQUERADE", "--random-fully")
 	b.WriteString("COMMIT\n")
+	b.WriteString("*filter\n")
+	fmt.Fprintf(&b, ":%s - [0:0]\n", ChainFilter)
+	add(ChainFilter, "-m", "set", "--match-set", SetDrop, "dst,dst", "-m", "comment", "--comment", `"steelyard: local policy without a local endpoint"`, "-j", "DROP")
+	add(ChainFilter, "-m", "set", "--match-set", SetFirewall, "dst,dst", "-m", "set", "!", "--match-set", SetSourceRanges, "dst,dst,src",
+		"-m", "comment", "--comment", `"steelyard: source outside loadBalancerSourceRanges"`, "-j", "DROP")
+	b.WriteString("COMMIT\n")
 	return b.String()
 }
 
@@ -73,8 +105,8 @@ func ensureRules(ipt iptables.Interface, cfg Config) error {
 		return fmt.Errorf("write masquerade rules: %w", err)
 	}
 	for _, j := range ipvsJumps {
-		if err := ipt.EnsureRule(iptables.TableNAT, j.from, j.args()...); err != nil {
-			return fmt.Errorf("ensure jump nat/%s -> %s: %w", j.from, j.to, err)
+		if err := ipt.EnsureRule(j.table, j.from, j.args()...); err != nil {
+			return fmt.Errorf("ensure jump %s/%s -> %s: %w", j.table, j.from, j.to, err)
 		}
 	}
 	return nil
@@ -99,14 +131,14 @@ func rulesInPlace(ipt iptables.Interface, cfg Config) bool {
 			want[iptables.Chain(f[1])]++
 		}
 	}
-	for c, n := range want {
-		sc := rs.Chain(iptables.TableNAT, c)
-		if sc == nil || len(sc.Rules) != n {
+	for _, oc := range ownChains {
+		sc := rs.Chain(oc.table, oc.chain)
+		if sc == nil || len(sc.Rules) != want[oc.chain] {
 			return false
 		}
 	}
 	for _, j := range ipvsJumps {
-		sc := rs.Chain(iptables.TableNAT, j.from)
+		sc := rs.Chain(j.table, j.from)
 		if sc == nil {
 			return false
 		}
@@ -127,13 +159,13 @@ func rulesInPlace(ipt iptables.Interface, cfg Config) bool {
 // cleanupRules removes the jumps and the chains.
 func cleanupRules(ipt iptables.Interface) error {
 	for _, j := range ipvsJumps {
-		if err := ipt.DeleteRule(iptables.TableNAT, j.from, j.args()...); err != nil {
-			return fmt.Errorf("delete jump nat/%s -> %s: %w", j.from, j.to, err)
+		if err := ipt.DeleteRule(j.table, j.from, j.args()...); err != nil {
+			return fmt.Errorf("delete jump %s/%s -> %s: %w", j.table, j.from, j.to, err)
 		}
 	}
-	for _, c := range []iptables.Chain{ChainServices, ChainPostrouting} {
-		if err := ipt.DeleteChain(iptables.TableNAT, c); err != nil {
-			return fmt.Errorf("delete chain nat/%s: %w", c, err)
+	for _, oc := range ownChains {
+		if err := ipt.DeleteChain(oc.table, oc.chain); err != nil {
+			return fmt.Errorf("delete chain %s/%s: %w", oc.table, oc.chain, err)
 		}
 	}
 	return nil

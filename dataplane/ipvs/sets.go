@@ -9,22 +9,51 @@ import (
 	"strings"
 )
 
-// The ipsets that keep steelyard's masquerade rules a fixed handful however
-// many Services exist: the rules match set members, and only the members
-// change with Services and endpoints.
+// The ipsets that keep steelyard's rules a fixed handful however many
+// Services exist: the rules match set members, and only the members change
+// with Services and endpoints. An entry point is "ip,proto:port": a
+// clusterIP, a node address with a node port, an external or load-balancer
+// IP. kube-proxy's IPVS mode keeps the same kind of sets (KUBE-CLUSTER-IP,
+// KUBE-NODE-PORT-*, KUBE-EXTERNAL-IP(-LOCAL), KUBE-LOAD-BALANCER-*).
 const (
-	// SetVIPs holds every VIP as "ip,proto:port", with the Service port's
-	// name as the member's comment; explain reads the names from it.
+	// SetVIPs holds every clusterIP entry, with the Service port's name as
+	// the member's comment ("demo/web:http", or "demo/web:http|Local" under
+	// internalTrafficPolicy Local); explain reads the names from it.
+	// Clients outside the cluster CIDRs are masqueraded.
 	SetVIPs = "STEELYARD-IPVS-VIPS"
+	// SetExternal holds the node port, external and load-balancer IP
+	// entries of Cluster-policy Services ("demo/web:http|nodePort"): every
+	// client is masqueraded, so replies come back through this node.
+	SetExternal = "STEELYARD-IPVS-EXT"
+	// SetExternalLocal holds those of externalTrafficPolicy Local Services:
+	// never masqueraded, so the pod sees the client's own address.
+	SetExternalLocal = "STEELYARD-IPVS-EXT-LOCAL"
+	// SetDrop holds the entries whose new connections are dropped: a Local
+	// policy with no local endpoint (IPVS alone would refuse them).
+	SetDrop = "STEELYARD-IPVS-DROP"
+	// SetFirewall holds the load-balancer entries restricted by
+	// loadBalancerSourceRanges; SetSourceRanges the allowed
+	// "ip,proto:port,cidr", with the range's position as the comment.
+	SetFirewall     = "STEELYARD-IPVS-LB-FW"
+	SetSourceRanges = "STEELYARD-IPVS-LB-SRC"
 	// SetLoopback holds "ip,proto:port,ip" for every destination, so that a
 	// pod that reaches itself through its VIP (hairpin) is masqueraded.
 	SetLoopback = "STEELYARD-IPVS-LOOP"
 )
 
-// setTypes are the ipset types of the sets, in creation order.
-var setTypes = []struct{ name, typ string }{
-	{SetVIPs, "hash:ip,port comment"},
-	{SetLoopback, "hash:ip,port,ip"},
+// setTypes are the ipset types of the sets, in creation order (cleanup
+// destroys them in the same order, after the rules that use them).
+var setTypes = []struct {
+	name, typ string
+	comments  bool
+}{
+	{SetVIPs, "hash:ip,port comment", true},
+	{SetExternal, "hash:ip,port comment", true},
+	{SetExternalLocal, "hash:ip,port comment", true},
+	{SetDrop, "hash:ip,port", false},
+	{SetFirewall, "hash:ip,port", false},
+	{SetSourceRanges, "hash:ip,port,net comment", true},
+	{SetLoopback, "hash:ip,port,ip", false},
 }
 
 // SetEntry is one member of an ipset.
