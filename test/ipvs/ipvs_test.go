@@ -319,6 +319,9 @@ func TestIPVS(t *testing.T) {
 	copyDir(t, examplesDir, f.dir)
 	f.write("drain.yaml", drainManifest("drain-1=1,drain-2=1", "drain-1", "drain-2"))
 	f.write("extra.yaml", extraManifest)
+	// Local endpoints are those whose nodeName is this node's; the agent
+	// and verify both read $NODE_NAME.
+	t.Setenv("NODE_NAME", thisNode)
 
 	// One pod per backend of the examples, as the iptables demo does.
 	svcs, slices, errs := controller.NewManifestSource(f.dir).Load()
@@ -337,6 +340,21 @@ func TestIPVS(t *testing.T) {
 				}
 			}
 		}
+	}
+	// The parity Services' pods tell the client address they see.
+	f.write("parity.yaml", parityManifest)
+	for _, p := range parityPods {
+		pod, err := sb.AddPod(p.name, netip.MustParseAddr(p.ip))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pod.ServeSource(8080); err != nil {
+			t.Fatal(err)
+		}
+	}
+	outsider, err := sb.AddClient(netip.MustParseAddr("198.19.254.200"))
+	if err != nil {
+		t.Fatal(err)
 	}
 	f.start()
 
@@ -442,6 +460,8 @@ func TestIPVS(t *testing.T) {
 		t.Logf("web-1 -> its own VIP: %s", r)
 		expectExact(t, r, map[string]int{"web-1": 10, "web-2": 90}, 1)
 	})
+
+	t.Run("parity", func(t *testing.T) { f.parity(t, outsider) })
 
 	vsDrain := "TCP " + drainVIP + ":80"
 	t.Run("weight-change-keeps-connection", func(t *testing.T) {
