@@ -9,6 +9,14 @@ command -v iptables-nft-restore >/dev/null 2>&1 || need+=(iptables)
 command -v iptables-legacy-restore >/dev/null 2>&1 || need+=(iptables)
 command -v conntrack >/dev/null 2>&1 || need+=(conntrack)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+# nginx for the L7 Ingress layer (steelyard runs it as its own child, never as a service).
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
+# `--packages P...`: install exactly P... (if any) with the apt logic below,
+# instead of the list above; scripts/vm/install-deps.sh passes its own list.
+if [ "${1:-}" = --packages ]; then
+	shift
+	need=("$@")
+fi
 
 if [ ${#need[@]} -eq 0 ]; then
 	exit 0
@@ -26,3 +34,8 @@ echo "install-deps: installing ${need[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+# Debian starts the packaged nginx service on install; steelyard only uses the
+# binary, so stop and disable a service we just installed.
+if [[ " ${need[*]} " == *" nginx-light "* ]] && command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+	systemctl disable --now nginx >/dev/null 2>&1 || true
+fi

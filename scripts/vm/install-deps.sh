@@ -3,7 +3,8 @@
 # Debian's cloud kernel (IPVS as modules), busybox-static for the guest's
 # userland, ipvsadm, ipset and iptables (copied into the guest with their
 # libraries), kmod (depmod) and cpio. The host's running kernel is not
-# touched: the cloud kernel is only booted inside qemu. Runs as root.
+# touched: the cloud kernel is only booted inside qemu. Runs as root when
+# something is missing; scripts/install-deps.sh does the installing.
 set -euo pipefail
 
 need=()
@@ -17,19 +18,5 @@ command -v depmod >/dev/null 2>&1 || [ -x /usr/sbin/depmod ] || need+=(kmod)
 command -v cpio >/dev/null 2>&1 || need+=(cpio)
 command -v file >/dev/null 2>&1 || need+=(file)
 
-if [ ${#need[@]} -eq 0 ]; then
-	exit 0
-fi
-mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
-if [ "$(id -u)" != 0 ]; then
-	echo "vm/install-deps: need root to install: ${need[*]}" >&2
-	exit 1
-fi
-if ! command -v apt-get >/dev/null 2>&1; then
-	echo "vm/install-deps: please install ${need[*]} with your package manager" >&2
-	exit 1
-fi
-echo "vm/install-deps: installing ${need[*]}"
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+# The apt logic (root check, apt-get update/install) is scripts/install-deps.sh's.
+exec "$(dirname "$0")/../install-deps.sh" --packages "${need[@]}"
