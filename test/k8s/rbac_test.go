@@ -151,6 +151,8 @@ func TestRBAC(t *testing.T) {
 		"/services:get": true, "/services:list": true, "/services:watch": true,
 		"discovery.k8s.io/endpointslices:get": true, "discovery.k8s.io/endpointslices:list": true, "discovery.k8s.io/endpointslices:watch": true,
 		"/events:create": true, "/events:patch": true,
+		// Its own Node, read once at start (zone, primary addresses).
+		"/nodes:get": true,
 	}
 	for _, ns := range []string{testNS, "steelyard", "kube-system"} {
 		baseline := rules(t, control, ns)
