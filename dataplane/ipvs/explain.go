@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sirupsen/logrus"
+
 	"github.com/steelyard-net/steelyard/dataplane"
 )
 
@@ -20,7 +22,11 @@ import (
 // masquerading, drops, source ranges); the node port's virtual servers, one
 // per node address, make one view, as in the iptables mode.
 func (p *Proxier) Explain() ([]dataplane.ServiceView, error) {
-	isOurs, names, err := p.ours()
+	sets, err := p.sets.List(setNames())
+	if err != nil {
+		return nil, err
+	}
+	isOurs, names, err := p.ours(sets)
 	if err != nil {
 		return nil, err
 	}
@@ -32,18 +38,7 @@ func (p *Proxier) Explain() ([]dataplane.ServiceView, error) {
 	for _, a := range addrs {
 		onLink[a] = true
 	}
-	drops, err := p.memberVIPs(SetDrop)
-	if err != nil {
-		return nil, err
-	}
-	fw, err := p.memberVIPs(SetFirewall)
-	if err != nil {
-		return nil, err
-	}
-	ranges, err := p.sourceRanges()
-	if err != nil {
-		return nil, err
-	}
+	drops, fw, ranges := memberVIPs(sets[SetDrop]), memberVIPs(sets[SetFirewall]), sourceRanges(sets[SetSourceRanges])
 	vss, err := p.ipvs.VirtualServers()
 	if err != nil {
 		return nil, err
@@ -68,7 +63,9 @@ func (p *Proxier) Explain() ([]dataplane.ServiceView, error) {
 			}
 		}
 		if sc.set == "" {
-			v.Problems = append(v.Problems, fmt.Sprintf("entry point is in none of the sets %s, %s, %s (no masquerading for it)", SetVIPs, SetExternal, SetExternalLocal))
+			f := p.cfg.Family
+			v.Problems = append(v.Problems, fmt.Sprintf("entry point is in none of the sets %s, %s, %s (no masquerading for it)",
+				SetName(f, SetVIPs), SetName(f, SetExternal), SetName(f, SetExternalLocal)))
 		}
 		if v.Entry != dataplane.EntryNodePort {
 			if !onLink[vs.Address] {
@@ -82,7 +79,7 @@ func (p *Proxier) Explain() ([]dataplane.ServiceView, error) {
 		np := dataplane.VIP{Port: vs.Port, Protocol: vs.Protocol}
 		i, seen := nodePorts[np]
 		if !seen {
-			v.VIP = dataplane.AnyAddr(4)
+			v.VIP = dataplane.AnyAddr(p.cfg.Family)
 			v.NodeAddresses = []string{vs.Address.String()}
 			nodePorts[np] = len(views)
 			views = append(views, v)
@@ -116,28 +113,21 @@ func sameSplit(a, b *dataplane.ServiceView) bool {
 	return true
 }
 
-// memberVIPs returns the entry points in set name.
-func (p *Proxier) memberVIPs(name string) (map[dataplane.VIP]bool, error) {
-	entries, err := p.sets.Entries(name)
-	if err != nil {
-		return nil, err
-	}
+// memberVIPs returns the entry points among a set's entries.
+func memberVIPs(entries []SetEntry) map[dataplane.VIP]bool {
 	out := map[dataplane.VIP]bool{}
 	for _, e := range entries {
 		if vip, ok := parseVIPMember(e.Member); ok {
 			out[vip] = true
 		}
 	}
-	return out, nil
+	return out
 }
 
 // sourceRanges returns the allowed source ranges of each load-balancer
-// entry, in the Service's order (the members' comments).
-func (p *Proxier) sourceRanges() (map[dataplane.VIP][]string, error) {
-	entries, err := p.sets.Entries(SetSourceRanges)
-	if err != nil {
-		return nil, err
-	}
+// entry (SetSourceRanges' entries), in the Service's order (the members'
+// comments).
+func sourceRanges(entries []SetEntry) map[dataplane.VIP][]string {
 	type ranked struct {
 		pos int
 		r   string
@@ -171,7 +161,7 @@ func (p *Proxier) sourceRanges() (map[dataplane.VIP][]string, error) {
 			out[vip] = append(out[vip], r.r)
 		}
 	}
-	return out, nil
+	return out
 }
 
 // viewOf builds the view of one virtual server. The kernel's behaviour
@@ -227,14 +217,19 @@ func viewOf(vs VirtualServer, sc setComment, rss []RealServer, drop bool) datapl
 	return v
 }
 
-// Cleanup removes steelyard's virtual servers, the dummy interface, the
-// rules and the sets, and nothing else.
-func (p *Proxier) Cleanup() error {
+// Cleanup removes steelyard's virtual servers of the Proxier's family, the
+// dummy interface, the rules and the sets, and nothing else.
+func (p *Proxier) Cleanup() error { return p.cleanup(true) }
+
+// cleanup is Cleanup; the dummy interface is deleted only with
+// deleteDummy (DualStack deletes it after both families are clean: the
+// IPv4 VIPs on it tell which virtual servers are steelyard's).
+func (p *Proxier) cleanup(deleteDummy bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.applied, p.ready = nil, false
 	p.draining = map[dataplane.VIP]map[netip.AddrPort]time.Time{}
-	isOurs, _, err := p.ours()
+	isOurs, _, err := p.ours(nil)
 	if err != nil {
 		return err
 	}
@@ -254,7 +249,13 @@ func (p *Proxier) Cleanup() error {
 		}
 		n++
 	}
-	if err := p.links.DeleteDummy(p.cfg.Interface); err != nil {
+	if !deleteDummy {
+		for _, a := range addrsOrNil(p.links.Addresses(p.cfg.Interface)) {
+			if err := p.links.DelAddress(p.cfg.Interface, a); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	} else if err := p.links.DeleteDummy(p.cfg.Interface); err != nil {
 		errs = append(errs, err)
 	}
 	if err := cleanupRules(p.ipt); err != nil {
@@ -267,6 +268,13 @@ func (p *Proxier) Cleanup() error {
 			}
 		}
 	}
-	log.WithField("services", n).Info("removed steelyard's IPVS services, interface, rules and sets")
+	log.WithFields(logrus.Fields{"services": n, "family": p.cfg.Family}).Info("removed steelyard's IPVS services, interface, rules and sets")
 	return errors.Join(errs...)
+}
+
+func addrsOrNil(a []netip.Addr, err error) []netip.Addr {
+	if err != nil {
+		return nil
+	}
+	return a
 }

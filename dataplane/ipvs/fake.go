@@ -287,11 +287,14 @@ func (l *FakeLinks) DeleteDummy(name string) error {
 }
 
 // FakeSets keeps ipsets in memory and enforces ipset's rules: members are
-// added to existing sets only, and a set is destroyed only when no rule
-// references it (tests pass the check in Referenced).
+// added to existing sets only, a member's address has the set's family
+// (inet, or inet6 with "family inet6" at creation), and a set is destroyed
+// only when no rule references it (tests pass the check in Referenced).
 type FakeSets struct {
 	mu   sync.Mutex
 	sets map[string]map[string]string
+	// inet6 holds the sets created with "family inet6".
+	inet6 map[string]bool
 	// Referenced, when set, reports whether a rule uses the set.
 	Referenced func(name string) bool
 }
@@ -299,7 +302,9 @@ type FakeSets struct {
 var _ Sets = (*FakeSets)(nil)
 
 // NewFakeSets returns no sets.
-func NewFakeSets() *FakeSets { return &FakeSets{sets: map[string]map[string]string{}} }
+func NewFakeSets() *FakeSets {
+	return &FakeSets{sets: map[string]map[string]string{}, inet6: map[string]bool{}}
+}
 
 // Restore implements Sets with -exist semantics; it applies all lines or
 // none.
@@ -326,6 +331,7 @@ func (s *FakeSets) Restore(text string) error {
 		case "create":
 			if !ok {
 				next[f[1]] = map[string]string{}
+				s.inet6[f[1]] = strings.Contains(line, " family inet6")
 			}
 		case "add", "del":
 			if !ok {
@@ -337,6 +343,10 @@ func (s *FakeSets) Restore(text string) error {
 			if f[0] == "del" {
 				delete(set, f[2])
 				continue
+			}
+			ipS, _, _ := strings.Cut(f[2], ",")
+			if ip, err := netip.ParseAddr(ipS); err != nil || ip.Is6() != s.inet6[f[1]] {
+				return fmt.Errorf("ipset restore (fake): line %d: %s: address %q of the wrong family or unparsable", n+1, f[1], ipS)
 			}
 			comment := ""
 			if i := strings.Index(line, " comment "); i >= 0 {
@@ -360,6 +370,18 @@ func (s *FakeSets) Entries(name string) ([]SetEntry, error) {
 		out = append(out, SetEntry{Member: m, Comment: c})
 	}
 	slices.SortFunc(out, func(a, b SetEntry) int { return strings.Compare(a.Member, b.Member) })
+	return out, nil
+}
+
+// List implements Sets.
+func (s *FakeSets) List(names []string) (map[string][]SetEntry, error) {
+	out := map[string][]SetEntry{}
+	for _, n := range names {
+		es, _ := s.Entries(n)
+		if es != nil {
+			out[n] = es
+		}
+	}
 	return out, nil
 }
 

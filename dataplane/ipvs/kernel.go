@@ -68,7 +68,8 @@ type Interface interface {
 type Links interface {
 	// EnsureDummy creates the dummy interface name (up) if it is missing.
 	EnsureDummy(name string) error
-	// Addresses returns the IPv4 addresses of name; none if it is missing.
+	// Addresses returns the addresses of name, both families, without the
+	// IPv6 link-local one the kernel adds itself; none if it is missing.
 	Addresses(name string) ([]netip.Addr, error)
 	AddAddress(name string, a netip.Addr) error
 	DelAddress(name string, a netip.Addr) error
@@ -277,7 +278,9 @@ func (l *kernelLinks) Addresses(name string) ([]netip.Addr, error) {
 	}
 	out := make([]netip.Addr, 0, len(addrs))
 	for _, a := range addrs {
-		out = append(out, fromIP(a.IP))
+		if ip := fromIP(a.IP); !ip.IsLinkLocalUnicast() {
+			out = append(out, ip)
+		}
 	}
 	return out, nil
 }
@@ -294,7 +297,12 @@ func (l *kernelLinks) AddAddress(name string, a netip.Addr) error {
 	if link == nil {
 		return fmt.Errorf("add %s: interface %s missing", a, name)
 	}
-	if err := l.h.AddrAdd(link, &netlink.Addr{IPNet: hostNet(a)}); err != nil && !errors.Is(err, unix.EEXIST) {
+	addr := &netlink.Addr{IPNet: hostNet(a)}
+	if a.Is6() {
+		// Usable at once: no duplicate address detection for a VIP.
+		addr.Flags = unix.IFA_F_NODAD
+	}
+	if err := l.h.AddrAdd(link, addr); err != nil && !errors.Is(err, unix.EEXIST) {
 		return fmt.Errorf("add %s to %s: %w", a, name, err)
 	}
 	return nil

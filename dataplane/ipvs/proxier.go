@@ -11,6 +11,11 @@
 // loadBalancerSourceRanges are a fixed handful of iptables rules matching
 // ipsets (sets.go, rules.go).
 //
+// A Proxier serves one IP family (Config.Family): IPv6 has its own sets
+// (family inet6) and ip6tables rules. Both families share the IPVS table
+// and steelyard0, so each Proxier sees them through a view of its own
+// family (family.go); DualStack (dualstack.go) runs one Proxier per family.
+//
 // kube-proxy's pkg/proxy/ipvs is the model (kube-ipvs0, its graceful
 // termination manager); this is a smaller design: one Sync owns every write.
 package ipvs
@@ -81,9 +86,13 @@ type Config struct {
 	SysctlDir string
 	// NodeAddresses, when set, is called at each Sync for the addresses
 	// node ports are open on (one virtual service per address and node
-	// port); without it no node port is programmed. IPv6 addresses and the
-	// addresses on the dummy interface are left out.
+	// port); without it no node port is programmed. Addresses of the other
+	// family, link-local ones and those on the dummy interface are left
+	// out.
 	NodeAddresses func() []netip.Addr
+	// Family is the IP family this Proxier programs: 4 (the default) or 6.
+	// Service ports of the other family are left to the other Proxier.
+	Family int
 }
 
 func (c *Config) defaults() {
@@ -105,18 +114,32 @@ func (c *Config) defaults() {
 	if c.SysctlDir == "" {
 		c.SysctlDir = dataplane.ProcSys
 	}
+	if c.Family != 6 {
+		c.Family = 4
+	}
 }
+
+// is reports whether a belongs to the Proxier's family.
+func (c *Config) is(a netip.Addr) bool { return a.Unmap().Is4() == (c.Family == 4) }
 
 // Sysctls are the kernel settings IPVS needs, as kube-proxy sets them:
 // conntrack so the masquerade rules see IPVS traffic; conn_reuse_mode 1 so a
 // reused client port is scheduled afresh (kernels >= 5.9 have no delay with
 // it); expire_nodest_conn and expire_quiescent_template so connections to
 // deleted destinations and persistence templates of drained ones end.
+// They live under net.ipv4 but apply to IPv6 virtual services as well.
 var Sysctls = []struct{ Name, Value string }{
 	{"net.ipv4.vs.conntrack", "1"},
 	{"net.ipv4.vs.conn_reuse_mode", "1"},
 	{"net.ipv4.vs.expire_nodest_conn", "1"},
 	{"net.ipv4.vs.expire_quiescent_template", "1"},
+}
+
+// Sysctls6 are the IPv6 Proxier's extra settings: IPv6 forwarding, without
+// which the node drops the pods' replies before IPVS translates them back
+// (IPv4 forwarding is the node's or the CNI's business, as for kube-proxy).
+var Sysctls6 = []struct{ Name, Value string }{
+	{"net.ipv6.conf.all.forwarding", "1"},
 }
 
 // Proxier is the IPVS Dataplane.
@@ -142,8 +165,9 @@ type Proxier struct {
 	// appliedWant is the desired virtual server each applied one was
 	// written from: the same pointer again means nothing to compare.
 	appliedWant map[dataplane.VIP]*wantService
-	// warnedIPv6 is set once the skipped IPv6 ports were logged.
-	warnedIPv6 bool
+	// warnedFamily is set once the skipped ports of the other family were
+	// logged.
+	warnedFamily bool
 	// drainTimer is the pending Trigger call, if any.
 	drainTimer *time.Timer
 	// LastSync describes the last successful Sync, for logs and benchmarks.
@@ -167,14 +191,19 @@ type SyncStats struct {
 var _ dataplane.Dataplane = (*Proxier)(nil)
 
 // NewProxier returns a Proxier that writes through the given kernel views.
+// ipvs and links are shared by both families; the Proxier sees only its
+// own family's part of them. sets and ipt are used as they are: the
+// Proxier names its sets by family, and ipt must be ip6tables for IPv6.
 func NewProxier(ipvs Interface, links Links, sets Sets, ipt iptables.Interface, cfg Config) *Proxier {
 	cfg.defaults()
-	return &Proxier{ipvs: ipvs, links: links, sets: sets, ipt: ipt, cfg: cfg,
+	return &Proxier{ipvs: familyIPVS{ipvs, cfg.Family}, links: familyLinks{links, cfg.Family},
+		sets: familySets{sets, cfg.Family}, ipt: ipt, cfg: cfg,
 		draining: map[dataplane.VIP]map[netip.AddrPort]time.Time{}}
 }
 
-// New returns a Proxier over the real kernel of the current network
-// namespace, with iptables of the given flavour.
+// New returns a Proxier of cfg.Family over the real kernel of the current
+// network namespace, with iptables (ip6tables for IPv6) of the given
+// flavour.
 func New(iptMode iptables.Mode, cfg Config) (*Proxier, error) {
 	k, err := NewKernel()
 	if err != nil {
@@ -188,11 +217,24 @@ func New(iptMode iptables.Mode, cfg Config) (*Proxier, error) {
 	if err != nil {
 		return nil, err
 	}
-	ipt, mode, err := iptables.New(iptMode)
-	if err != nil {
-		return nil, err
+	var ipt iptables.Interface
+	if cfg.Family == 6 {
+		if iptMode == iptables.ModeAuto || iptMode == "" {
+			iptMode = iptables.Detect()
+		}
+		if ipt, err = iptables.New6(iptMode); err == nil {
+			_, err = ipt.SaveAll()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("ip6tables: %w", err)
+		}
+	} else {
+		var mode iptables.Mode
+		if ipt, mode, err = iptables.New(iptMode); err != nil {
+			return nil, err
+		}
+		log.WithField("iptables", mode).Debug("using iptables for masquerading")
 	}
-	log.WithField("iptables", mode).Debug("using iptables for masquerading")
 	return NewProxier(k, links, sets, ipt, cfg), nil
 }
 
@@ -289,8 +331,8 @@ func (p *Proxier) desired(s dataplane.State, nodeAddrs []netip.Addr) map[datapla
 	}
 	for i := range s.Services {
 		sp := &s.Services[i]
-		if !sp.VIP.IP.Is4() {
-			// IPv6 needs its own sets and ip6tables rules: not yet.
+		if !p.cfg.is(sp.VIP.IP) {
+			// The other family's Proxier programs it (DualStack).
 			skipped++
 			continue
 		}
@@ -312,9 +354,9 @@ func (p *Proxier) desired(s dataplane.State, nodeAddrs []netip.Addr) map[datapla
 		next[sp.VIP] = c
 	}
 	p.wantCache = next
-	if skipped > 0 && !p.warnedIPv6 {
-		log.WithField("ports", skipped).Warn("IPv6 Service ports are not programmed in IPVS mode yet")
-		p.warnedIPv6 = true
+	if skipped > 0 && !p.warnedFamily {
+		log.WithFields(logrus.Fields{"ports": skipped, "family": p.cfg.Family}).Info("Service ports of the other IP family left out: this Proxier programs one family")
+		p.warnedFamily = true
 	}
 	return out
 }
@@ -383,7 +425,7 @@ func (p *Proxier) entries(sp *dataplane.ServicePort, nodeAddrs []netip.Addr) []*
 	}
 	var ranges []string
 	for _, r := range sp.SourceRanges {
-		if r.Addr().Is4() {
+		if p.cfg.is(r.Addr()) {
 			ranges = append(ranges, r.String())
 		}
 	}
@@ -395,7 +437,8 @@ func (p *Proxier) entries(sp *dataplane.ServicePort, nodeAddrs []netip.Addr) []*
 	return ws
 }
 
-// nodeAddresses returns the IPv4 addresses node ports are open on: those
+// nodeAddresses returns the addresses of the Proxier's family (not
+// link-local: a node port there would need a zone) node ports are open on: those
 // of Config.NodeAddresses that are not on the dummy interface (a node
 // address list taken from every interface includes the VIPs there) and are
 // not a desired clusterIP, external or load-balancer IP.
@@ -428,7 +471,7 @@ func (p *Proxier) nodeAddresses(s dataplane.State) ([]netip.Addr, error) {
 	var out []netip.Addr
 	for _, a := range all {
 		a = a.Unmap()
-		if a.Is4() && !skip[a] && !slices.Contains(out, a) {
+		if p.cfg.is(a) && !a.IsLinkLocalUnicast() && !a.IsLoopback() && !skip[a] && !slices.Contains(out, a) {
 			out = append(out, a)
 		}
 	}
@@ -576,7 +619,11 @@ func (p *Proxier) setup() error {
 		}
 		log.Info("masquerade rules changed behind our back; rewriting them")
 	}
-	for _, sc := range Sysctls {
+	sysctls := Sysctls
+	if p.cfg.Family == 6 {
+		sysctls = append(slices.Clone(Sysctls), Sysctls6...)
+	}
+	for _, sc := range sysctls {
 		if err := p.setSysctl(sc.Name, sc.Value); err != nil {
 			return err
 		}
@@ -586,7 +633,11 @@ func (p *Proxier) setup() error {
 	}
 	var create strings.Builder
 	for _, st := range setTypes {
-		fmt.Fprintf(&create, "create %s %s\n", st.name, st.typ)
+		fmt.Fprintf(&create, "create %s %s", st.name, st.typ)
+		if p.cfg.Family == 6 {
+			create.WriteString(" family inet6")
+		}
+		create.WriteString("\n")
 	}
 	if err := p.sets.Restore(create.String()); err != nil {
 		return fmt.Errorf("create ipsets: %w", err)
@@ -600,6 +651,9 @@ func (p *Proxier) setup() error {
 
 func (p *Proxier) setSysctl(name, value string) error {
 	err := dataplane.SetSysctlAt(p.cfg.SysctlDir, name, value)
+	if errors.Is(err, os.ErrNotExist) && strings.HasPrefix(name, "net.ipv6.") {
+		return fmt.Errorf("sysctl %s is missing: IPv6 is off in this kernel or namespace", name)
+	}
 	if errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("sysctl %s is missing: the kernel has no IPVS (load the ip_vs module, or build with CONFIG_IP_VS)", name)
 	}
@@ -640,8 +694,16 @@ func (p *Proxier) canary() bool {
 // address is on the dummy interface or that are named in one of the entry
 // sets (node ports are on the node's own addresses). Others (Docker
 // swarm's, a hand-made one) are never touched. It also returns each entry's
-// set comment, by set.
-func (p *Proxier) ours() (func(VirtualServer) bool, map[dataplane.VIP]setComment, error) {
+// set comment, by set. sets, when not nil, holds the entry sets already
+// read (List); otherwise they are read here.
+func (p *Proxier) ours(sets map[string][]SetEntry) (func(VirtualServer) bool, map[dataplane.VIP]setComment, error) {
+	entrySets := []string{SetVIPs, SetExternal, SetExternalLocal}
+	if sets == nil {
+		var err error
+		if sets, err = p.sets.List(entrySets); err != nil {
+			return nil, nil, err
+		}
+	}
 	addrs, err := p.links.Addresses(p.cfg.Interface)
 	if err != nil {
 		return nil, nil, err
@@ -651,12 +713,8 @@ func (p *Proxier) ours() (func(VirtualServer) bool, map[dataplane.VIP]setComment
 		onLink[a] = true
 	}
 	names := map[dataplane.VIP]setComment{}
-	for _, set := range []string{SetVIPs, SetExternal, SetExternalLocal} {
-		entries, err := p.sets.Entries(set)
-		if err != nil {
-			return nil, nil, err
-		}
-		for _, e := range entries {
+	for _, set := range entrySets {
+		for _, e := range sets[set] {
 			if vip, ok := parseVIPMember(e.Member); ok {
 				names[vip] = setComment{set: set, comment: e.Comment}
 			}
@@ -699,7 +757,7 @@ func (p *Proxier) readLive(want map[dataplane.VIP]*wantService, full bool, stats
 		return nil
 	}
 	if full {
-		isOurs, names, err := p.ours()
+		isOurs, names, err := p.ours(nil)
 		if err != nil {
 			return nil, err
 		}
@@ -1030,12 +1088,12 @@ func (p *Proxier) syncSets(want map[dataplane.VIP]*wantService, full bool) error
 		for vip, w := range want {
 			addWant(vip, w)
 		}
+		all, err := p.sets.List(setNames())
+		if err != nil {
+			return err
+		}
 		for _, st := range setTypes {
-			entries, err := p.sets.Entries(st.name)
-			if err != nil {
-				return err
-			}
-			for _, e := range entries {
+			for _, e := range all[st.name] {
 				haveM[st.name][e.Member] = e.Comment
 			}
 		}

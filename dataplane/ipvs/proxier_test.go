@@ -635,8 +635,8 @@ func TestFullSyncRestoresRules(t *testing.T) {
 }
 
 // Backends kept away from VIP traffic (out of zone, or not local under
-// internalTrafficPolicy Local) are destinations at weight 0; IPv6 Service
-// ports are skipped without failing the Sync.
+// internalTrafficPolicy Local) are destinations at weight 0; the IPv4
+// Proxier leaves IPv6 Service ports to the IPv6 one without failing.
 func TestInternalBackendsAffinityAndIPv6(t *testing.T) {
 	k := newTestKernel(t)
 	web := svc("web", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2:8080", 1), be("198.19.2.2:8080", 3))

@@ -2,6 +2,7 @@ package ipvs
 
 import (
 	"fmt"
+	"net/netip"
 	"strings"
 
 	"github.com/steelyard-net/steelyard/dataplane/iptables"
@@ -59,6 +60,16 @@ func (j ipvsJump) args() []string {
 // chain flushes it, so the text replaces them whole.
 func rulesText(cfg Config) string {
 	mark := fmt.Sprintf("0x%x", uint32(1)<<cfg.MasqueradeBit)
+	// The sets of cfg's family (a set holds addresses of one family).
+	f := cfg.Family
+	setVIPs, setExternal, setExternalLocal := SetName(f, SetVIPs), SetName(f, SetExternal), SetName(f, SetExternalLocal)
+	setDrop, setFirewall, setSourceRanges, setLoopback := SetName(f, SetDrop), SetName(f, SetFirewall), SetName(f, SetSourceRanges), SetName(f, SetLoopback)
+	var cidrs []netip.Prefix
+	for _, c := range cfg.ClusterCIDRs {
+		if sameFamily(c.Addr(), f) {
+			cidrs = append(cidrs, c)
+		}
+	}
 	var b strings.Builder
 	add := func(c iptables.Chain, args ...string) {
 		b.WriteString("-A " + string(c) + " " + strings.Join(args, " ") + "\n")
@@ -69,42 +80,62 @@ func rulesText(cfg Config) string {
 	// address (the destination is on this node, the reply comes back
 	// anyway); under Cluster every client is masqueraded, as kube-proxy
 	// does, since the destination may be on another node.
-	add(ChainServices, "-m", "set", "--match-set", SetExternalLocal, "dst,dst", "-m", "comment", "--comment", `"steelyard: local policy keeps the client address"`, "-j", "RETURN")
-	add(ChainServices, "-m", "set", "--match-set", SetExternal, "dst,dst", "-m", "comment", "--comment", `"steelyard: external entry, cluster policy"`, "-j", "MARK", "--set-xmark", mark+"/"+mark)
+	add(ChainServices, "-m", "set", "--match-set", setExternalLocal, "dst,dst", "-m", "comment", "--comment", `"steelyard: local policy keeps the client address"`, "-j", "RETURN")
+	add(ChainServices, "-m", "set", "--match-set", setExternal, "dst,dst", "-m", "comment", "--comment", `"steelyard: external entry, cluster policy"`, "-j", "MARK", "--set-xmark", mark+"/"+mark)
 	// New connections to a clusterIP from outside the pod ranges are marked
 	// for masquerading, so replies come back through this node.
-	add(ChainServices, "-m", "set", "!", "--match-set", SetVIPs, "dst,dst", "-j", "RETURN")
+	add(ChainServices, "-m", "set", "!", "--match-set", setVIPs, "dst,dst", "-j", "RETURN")
 	switch {
 	case cfg.MasqueradeAll:
 		add(ChainServices, "-m", "comment", "--comment", `"steelyard: masquerade all"`, "-j", "MARK", "--set-xmark", mark+"/"+mark)
-	case len(cfg.ClusterCIDRs) > 0:
-		for _, c := range cfg.ClusterCIDRs {
+	case len(cidrs) > 0:
+		for _, c := range cidrs {
 			add(ChainServices, "-s", c.String(), "-m", "comment", "--comment", `"steelyard: in-cluster client"`, "-j", "RETURN")
 		}
 		add(ChainServices, "-m", "comment", "--comment", `"steelyard: off-cluster client"`, "-j", "MARK", "--set-xmark", mark+"/"+mark)
 	}
 	// A pod reaching itself through its VIP (hairpin) must be masqueraded,
 	// else its reply goes straight to itself with the wrong source.
-	add(ChainPostrouting, "-m", "comment", "--comment", `"steelyard: hairpin"`, "-m", "set", "--match-set", SetLoopback, "dst,dst,src", "-j", "MASQUERADE")
+	add(ChainPostrouting, "-m", "comment", "--comment", `"steelyard: hairpin"`, "-m", "set", "--match-set", setLoopback, "dst,dst,src", "-j", "MASQUERADE")
 	add(ChainPostrouting, "-m", "mark", "!", "--mark", mark+"/"+mark, "-j", "RETURN")
 	add(ChainPostrouting, "-j", "MARK", "--set-xmark", "0x0/"+mark)
 	add(ChainPostrouting, "-m", "comment", "--comment", `"steelyard: off-cluster client"`, "-j", "MASQUERADE", "--random-fully")
 	b.WriteString("COMMIT\n")
 	b.WriteString("*filter\n")
 	fmt.Fprintf(&b, ":%s - [0:0]\n", ChainFilter)
-	add(ChainFilter, "-m", "set", "--match-set", SetDrop, "dst,dst", "-m", "comment", "--comment", `"steelyard: local policy without a local endpoint"`, "-j", "DROP")
-	add(ChainFilter, "-m", "set", "--match-set", SetFirewall, "dst,dst", "-m", "set", "!", "--match-set", SetSourceRanges, "dst,dst,src",
+	add(ChainFilter, "-m", "set", "--match-set", setDrop, "dst,dst", "-m", "comment", "--comment", `"steelyard: local policy without a local endpoint"`, "-j", "DROP")
+	add(ChainFilter, "-m", "set", "--match-set", setFirewall, "dst,dst", "-m", "set", "!", "--match-set", setSourceRanges, "dst,dst,src",
 		"-m", "comment", "--comment", `"steelyard: source outside loadBalancerSourceRanges"`, "-j", "DROP")
 	b.WriteString("COMMIT\n")
 	return b.String()
 }
 
 // ensureRules writes the chains and the jumps from the built-in chains.
+// Jumps found in one iptables-save are left alone: each check costs an
+// iptables process (two families, a restart, a VM: seconds).
 func ensureRules(ipt iptables.Interface, cfg Config) error {
 	if err := ipt.Restore([]byte(rulesText(cfg))); err != nil {
 		return fmt.Errorf("write masquerade rules: %w", err)
 	}
+	present := map[iptables.Chain]bool{} // by the built-in chain it is in
+
+	if saved, err := ipt.SaveAll(); err == nil {
+		if rs, err := iptables.ParseRuleset(saved); err == nil {
+			for _, j := range ipvsJumps {
+				if sc := rs.Chain(j.table, j.from); sc != nil {
+					for _, r := range sc.Rules {
+						if r.Jump == string(j.to) {
+							present[j.from] = true
+						}
+					}
+				}
+			}
+		}
+	}
 	for _, j := range ipvsJumps {
+		if present[j.from] {
+			continue
+		}
 		if err := ipt.EnsureRule(j.table, j.from, j.args()...); err != nil {
 			return fmt.Errorf("ensure jump %s/%s -> %s: %w", j.table, j.from, j.to, err)
 		}

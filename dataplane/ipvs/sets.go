@@ -56,6 +56,15 @@ var setTypes = []struct {
 	{SetLoopback, "hash:ip,port,ip", false},
 }
 
+// setNames returns the names of setTypes.
+func setNames() []string {
+	out := make([]string, len(setTypes))
+	for i, st := range setTypes {
+		out[i] = st.name
+	}
+	return out
+}
+
 // SetEntry is one member of an ipset.
 type SetEntry struct {
 	Member  string
@@ -70,6 +79,9 @@ type Sets interface {
 	Restore(text string) error
 	// Entries returns the members of set name; none when it does not exist.
 	Entries(name string) ([]SetEntry, error)
+	// List returns the members of each of names that exists, read at once
+	// (one "ipset save": each ipset process costs, a lot in a VM).
+	List(names []string) (map[string][]SetEntry, error)
 	// Destroy removes set name if it exists.
 	Destroy(name string) error
 }
@@ -119,16 +131,35 @@ func (t *ipsetTool) Destroy(name string) error {
 	return err
 }
 
+func (t *ipsetTool) List(names []string) (map[string][]SetEntry, error) {
+	out, err := t.run("", "save")
+	if err != nil {
+		return nil, err
+	}
+	want := map[string]bool{}
+	for _, n := range names {
+		want[n] = true
+	}
+	return parseSaveSets(want, out)
+}
+
 // parseSave reads "add NAME MEMBER [comment "text"]" lines of ipset save.
 func parseSave(name string, out []byte) ([]SetEntry, error) {
-	var entries []SetEntry
+	m, err := parseSaveSets(map[string]bool{name: true}, out)
+	return m[name], err
+}
+
+// parseSaveSets reads the members of the sets in want from ipset save.
+func parseSaveSets(want map[string]bool, out []byte) (map[string][]SetEntry, error) {
+	entries := map[string][]SetEntry{}
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	sc.Buffer(make([]byte, 1<<16), 1<<24)
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
-		if len(f) < 3 || f[0] != "add" || f[1] != name {
+		if len(f) < 3 || f[0] != "add" || !want[f[1]] {
 			continue
 		}
+		name := f[1]
 		e := SetEntry{Member: f[2]}
 		if i := strings.Index(sc.Text(), " comment "); i >= 0 {
 			c := strings.TrimSpace(sc.Text()[i+len(" comment "):])
@@ -137,7 +168,7 @@ func parseSave(name string, out []byte) ([]SetEntry, error) {
 			}
 			e.Comment = c
 		}
-		entries = append(entries, e)
+		entries[name] = append(entries[name], e)
 	}
 	return entries, sc.Err()
 }

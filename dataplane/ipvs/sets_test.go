@@ -37,3 +37,29 @@ add OTHER 1.2.3.4,tcp:1
 		}
 	}
 }
+
+// One "ipset save" of every set gives each family's sets; IPv6 members
+// round-trip like IPv4 ones.
+func TestParseSaveSetsIPv6(t *testing.T) {
+	out := []byte(`create STEELYARD-IPVS-VIPS hash:ip,port family inet hashsize 1024 maxelem 65536 comment
+add STEELYARD-IPVS-VIPS 198.18.0.10,tcp:80 comment "demo/web:http"
+create STEELYARD-IPVS6-VIPS hash:ip,port family inet6 hashsize 1024 maxelem 65536 comment
+add STEELYARD-IPVS6-VIPS 2001:2::10,tcp:80 comment "demo/web:http"
+add STEELYARD-IPVS6-LB-SRC 2001:2::20,tcp:80,2001:2:0:fd::/64 comment "0"
+add OTHER 2001:2::99,tcp:1
+`)
+	got, err := parseSaveSets(map[string]bool{SetName(6, SetVIPs): true, SetName(6, SetSourceRanges): true}, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := []SetEntry{{"2001:2::10,tcp:80", "demo/web:http"}}; !slices.Equal(got[SetName(6, SetVIPs)], w) || len(got) != 2 {
+		t.Errorf("parseSaveSets = %v", got)
+	}
+	vip, ok := parseVIPMember("2001:2::10,tcp:80")
+	if !ok || vip != (dataplane.VIP{IP: netip.MustParseAddr("2001:2::10"), Port: 80, Protocol: dataplane.TCP}) || vipMember(vip) != "2001:2::10,tcp:80" {
+		t.Errorf("IPv6 member does not round-trip: %v %v", vip, ok)
+	}
+	if r := sourceRanges(got[SetName(6, SetSourceRanges)]); len(r) != 1 || r[dataplane.VIP{IP: netip.MustParseAddr("2001:2::20"), Port: 80, Protocol: dataplane.TCP}][0] != "2001:2:0:fd::/64" {
+		t.Errorf("IPv6 source ranges = %v", r)
+	}
+}
