@@ -6,8 +6,9 @@
 #
 #   scripts/vm/run.sh [--timeout SECONDS] [--add HOST_PATH:GUEST_PATH]... -- COMMAND [ARGS...]
 #
-# The guest has busybox, iproute2's ip, ipvsadm, ipset, iptables (legacy),
-# the IPVS, conntrack, NAT, ipset, veth and dummy modules (loaded at boot),
+# The guest has busybox, iproute2's ip, ipvsadm, ipset, iptables and
+# ip6tables (legacy), the IPVS, conntrack, NAT (both families), ipset, veth
+# and dummy modules (loaded at boot; IPv6 itself is built into the kernel),
 # and every --add file. COMMAND runs as root in /work with PATH set; /tmp is
 # a tmpfs. The base initramfs (kernel, modules, tools) is built once and
 # cached under $HOME/.cache/steelyard/vm-<kernel version>; the added files go
@@ -47,7 +48,7 @@ base=$cache/base.cpio.gz
 modules=(ip_vs ip_vs_rr ip_vs_wrr ip_vs_lc ip_vs_wlc ip_vs_sh ip_vs_mh nf_conntrack nf_nat
 	veth dummy ip_set ip_set_hash_ipport ip_set_hash_ipportip ip_set_hash_ipportnet xt_set
 	x_tables ip_tables iptable_nat iptable_filter xt_MASQUERADE xt_mark xt_comment xt_conntrack
-	xt_addrtype xt_nat nf_conntrack_netlink crc32c-intel)
+	xt_addrtype xt_nat nf_conntrack_netlink ip6_tables ip6table_nat ip6table_filter crc32c-intel)
 tools=(/usr/sbin/ipvsadm /usr/sbin/ipset /usr/sbin/xtables-legacy-multi /usr/bin/ip /sbin/ip /bin/ip)
 
 build_base() {
@@ -94,7 +95,8 @@ build_base() {
 	xt=$(dirname "$(ls /usr/lib/*/xtables/libxt_comment.so | head -1)")
 	mkdir -p "$root$xt"
 	cp -L "$xt"/*.so "$root$xt/"
-	for n in iptables iptables-save iptables-restore iptables-legacy iptables-legacy-save iptables-legacy-restore; do
+	for n in iptables iptables-save iptables-restore iptables-legacy iptables-legacy-save iptables-legacy-restore \
+		ip6tables ip6tables-save ip6tables-restore ip6tables-legacy ip6tables-legacy-save ip6tables-legacy-restore; do
 		ln -s xtables-legacy-multi "$root/usr/sbin/$n"
 	done
 	# ipset resolves "tcp" in its members through /etc/protocols.

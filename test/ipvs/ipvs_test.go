@@ -55,7 +55,7 @@ func (f *fixture) steelyard(args ...string) (string, error) {
 func (f *fixture) start() {
 	f.t.Helper()
 	a, err := f.sb.StartAgent(steelyardBin, "run", "--manifests", f.dir, "--mode", "ipvs",
-		"--cluster-cidr", sandbox.ClusterCIDR.String(), "--log-level", "debug",
+		"--cluster-cidr", sandbox.ClusterCIDR.String(), "--cluster-cidr", sandbox.ClusterCIDR6.String(), "--log-level", "debug",
 		"--sync-period", "5s", "--ipvs-graceful-period", "60s",
 		"--metrics-bind-address", "", "--healthz-bind-address", "")
 	if err != nil {
@@ -96,7 +96,9 @@ func (f *fixture) waitVerify(timeout time.Duration) {
 			}
 			f.t.Fatalf("verify --mode ipvs still fails after %s: %v\n%s\nagent log:\n%s", timeout, err, out, log)
 		}
-		time.Sleep(200 * time.Millisecond)
+		// Not faster: each verify competes with the agent's first sync
+		// for the VM's CPUs.
+		time.Sleep(500 * time.Millisecond)
 	}
 }
 
@@ -356,6 +358,7 @@ func TestIPVS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	f.setupIPv6()
 	f.start()
 
 	t.Run("explain", func(t *testing.T) {
@@ -462,6 +465,7 @@ func TestIPVS(t *testing.T) {
 	})
 
 	t.Run("parity", func(t *testing.T) { f.parity(t, outsider) })
+	t.Run("ipv6", f.ipv6)
 
 	vsDrain := "TCP " + drainVIP + ":80"
 	t.Run("weight-change-keeps-connection", func(t *testing.T) {
@@ -566,8 +570,10 @@ func TestIPVS(t *testing.T) {
 		if sets, _ := f.sb.Node.Exec("ipset", "list", "-n"); strings.Contains(sets, "STEELYARD") {
 			t.Errorf("ipsets left after cleanup: %s", sets)
 		}
-		if rules, _ := f.sb.Node.Exec("iptables-save"); strings.Contains(rules, "STEELYARD") {
-			t.Errorf("rules left after cleanup:\n%s", rules)
+		for _, save := range []string{"iptables-save", "ip6tables-save"} {
+			if rules, _ := f.sb.Node.Exec(save); strings.Contains(rules, "STEELYARD") {
+				t.Errorf("%s: rules left after cleanup:\n%s", save, rules)
+			}
 		}
 	})
 	logSyncTimes(t, sb)

@@ -216,13 +216,14 @@ func (f *fixture) parity(t *testing.T, outsider *sandbox.NS) {
 	t.Logf("steelyard explain --mode ipvs (parity):\n%s", strings.Join(lines, "\n"))
 
 	t.Run("nodeport", func(t *testing.T) {
-		// wrr is exact: 1,000 connections at 10/90 land 100/900 (1 point).
-		r, err := f.client.TCPConnsAny(ap("198.19.254.1:30080"), 1000, load)
+		// wrr is exact: 500 connections at 10/90 land 50/450 (1 point;
+		// the clusterIP tests show it on 1,000, the VM's time is bounded).
+		r, err := f.client.TCPConnsAny(ap("198.19.254.1:30080"), 500, load)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Logf("node port 198.19.254.1:30080, 10/90: %s", r)
-		expectExact(t, r, map[string]int{"np-1": 100, "np-2": 900}, 10)
+		expectExact(t, r, map[string]int{"np-1": 50, "np-2": 450}, 5)
 		r, err = f.client.TCPConnsAny(ap("198.19.0.1:30080"), 100, load)
 		if err != nil {
 			t.Fatal(err)
