@@ -64,6 +64,12 @@ func (d *DualStack) Sync(s dataplane.State, full bool) error {
 	return errors.Join(err4, err6)
 }
 
+// LastSyncFull reports whether the last successful Sync of either family
+// was full, asked for or not (see Proxier.LastSyncFull).
+func (d *DualStack) LastSyncFull() bool {
+	return d.V4.LastSyncFull() || d.V6 != nil && d.V6.LastSyncFull()
+}
+
 // Explain implements dataplane.Dataplane: the views of both families.
 func (d *DualStack) Explain() ([]dataplane.ServiceView, error) {
 	views, err := d.V4.Explain()

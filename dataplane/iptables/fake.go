@@ -192,6 +192,38 @@ func (f *Fake) EnsureRule(t Table, c Chain, args ...string) error {
 	return nil
 }
 
+// HasRule implements Interface.
+func (f *Fake) HasRule(t Table, c Chain, args ...string) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ch := f.rs.Chain(t, c)
+	if ch == nil {
+		return false, nil
+	}
+	text := joinArgs(args)
+	return slices.ContainsFunc(ch.Rules, func(r *Rule) bool { return r.Text == text }), nil
+}
+
+// FlushTable empties every chain of table t and deletes its user chains,
+// the way "iptables -t T -F; iptables -t T -X" (or a firewall reload that
+// restores the table without --noflush) would.
+func (f *Fake) FlushTable(t Table) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st := f.rs.Tables[t]
+	if st == nil {
+		return
+	}
+	for _, c := range st.Order {
+		if builtinChains[c] {
+			st.Chains[c].Rules = nil
+			continue
+		}
+		delete(st.Chains, c)
+	}
+	st.Order = slices.DeleteFunc(st.Order, func(c Chain) bool { return !builtinChains[c] })
+}
+
 // DeleteRule implements Interface.
 func (f *Fake) DeleteRule(t Table, c Chain, args ...string) error {
 	f.mu.Lock()

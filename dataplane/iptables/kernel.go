@@ -24,6 +24,9 @@ type Interface interface {
 	// EnsureRule inserts rule (args) at the top of built-in chain c unless it
 	// is already there.
 	EnsureRule(t Table, c Chain, args ...string) error
+	// HasRule reports whether chain c holds rule (args); a missing chain
+	// holds nothing.
+	HasRule(t Table, c Chain, args ...string) (bool, error)
 	// DeleteRule deletes rule (args) from chain c if it is there.
 	DeleteRule(t Table, c Chain, args ...string) error
 	// DeleteChain flushes and deletes chain c if it exists.
@@ -196,6 +199,15 @@ func (r *runner) EnsureRule(t Table, c Chain, args ...string) error {
 		return nil
 	}
 	return r.ipt.Insert(string(t), string(c), 1, args...)
+}
+
+func (r *runner) HasRule(t Table, c Chain, args ...string) (bool, error) {
+	ok, err := r.ipt.Exists(string(t), string(c), args...)
+	var e *goipt.Error
+	if errors.As(err, &e) && e.IsNotExist() {
+		return false, nil
+	}
+	return ok, err
 }
 
 func (r *runner) DeleteRule(t Table, c Chain, args ...string) error {

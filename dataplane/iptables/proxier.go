@@ -40,7 +40,7 @@ var jumps = []jump{
 	{TableFilter, "OUTPUT", []string{"-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "steelyard service portals", "-j", string(ChainServices)}},
 	// Node ports (and external IPs the node holds) are delivered locally.
 	{TableFilter, "INPUT", []string{"-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "steelyard service portals", "-j", string(ChainServices)}},
-	{TableFilter, "FORWARD", []string{"-m", "comment", "--comment", "steelyard forwarding rules", "-j", string(ChainForward)}},
+	canary,
 }
 
 // Proxier is the iptables Dataplane.
@@ -62,7 +62,10 @@ type Proxier struct {
 
 // SyncStats describes one Sync.
 type SyncStats struct {
-	Full          bool
+	Full bool
+	// CanaryMissing: a partial Sync found the canary rule gone and ran
+	// full instead.
+	CanaryMissing bool
 	ChainsWritten int
 	ChainsDeleted int
 	RulesWritten  int
@@ -96,24 +99,41 @@ func (p *Proxier) Sync(s dataplane.State, full bool) error {
 	if p.applied == nil {
 		full = true
 	}
+	if !full {
+		// Cheap check that nobody flushed the tables since the last Sync
+		// (a firewall reload, "iptables -F"): if so, resync everything now
+		// instead of at the next full sync.
+		ok, err := p.canaryInPlace()
+		if err != nil || !ok {
+			l := log.WithFields(logrus.Fields{"table": canary.table, "chain": canary.from})
+			if err != nil {
+				l = l.WithError(err)
+			}
+			l.Warn("canary rule missing (tables flushed?): full resync")
+			full = true
+			stats.CanaryMissing = true
+		}
+	}
 	stats.Full = full
 
 	write := map[Table][]Chain{}
 	remove := map[Table][]Chain{}
 	if full {
-		if err := p.ensureJumps(); err != nil {
-			p.applied = nil
-			return err
-		}
 		saved, err := p.ipt.SaveAll()
 		if err != nil {
 			p.applied = nil
 			return err
 		}
-		live, err := ParseRuleset(saved)
+		live, err := cutSaved(saved)
 		if err != nil {
 			p.applied = nil
 			return fmt.Errorf("parse iptables-save: %w", err)
+		}
+		// Before the restore: a missing target chain is created empty
+		// here and filled by the restore (it differs from the desired one).
+		if err := p.ensureJumps(live); err != nil {
+			p.applied = nil
+			return err
 		}
 		for _, t := range desired.Tables() {
 			// Rewrite only the chains that differ from the kernel: this
@@ -121,11 +141,11 @@ func (p *Proxier) Sync(s dataplane.State, full bool) error {
 			// whole-ruleset restore (iptables-nft's restore time grows with
 			// jumps x chains: minutes at 10,000 Services).
 			for _, c := range desired.Chains(t) {
-				if !sameRules(live.Chain(t, c), desired.RulesOf(t, c)) {
+				if !sameRules(live, t, c, desired.RulesOf(t, c)) {
 					write[t] = append(write[t], c)
 				}
 			}
-			for _, c := range live.SteelyardChains(t) {
+			for _, c := range live.order[t] {
 				if !desired.Has(t, c) {
 					remove[t] = append(remove[t], c)
 				}
@@ -142,6 +162,10 @@ func (p *Proxier) Sync(s dataplane.State, full bool) error {
 		}
 	}
 	if stats.ChainsWritten == 0 && stats.ChainsDeleted == 0 {
+		// The kernel already holds desired (a full Sync checked it, or a
+		// partial one found nothing changed): remember it, or after a
+		// restart over rules left in place every Sync would stay full.
+		p.applied = desired
 		p.LastSync = stats
 		return nil
 	}
@@ -158,6 +182,11 @@ func (p *Proxier) Sync(s dataplane.State, full bool) error {
 	p.LastSync = stats
 	return nil
 }
+
+// LastSyncFull reports whether the last successful Sync was full, also
+// when it was asked to be partial (first Sync, after a failure, canary
+// gone), so the caller can count it as full.
+func (p *Proxier) LastSyncFull() bool { return p.LastSync.Full }
 
 // partialDiff returns the chains that differ between what was applied and
 // what is desired. Service ports whose fragment is shared between the two
@@ -204,8 +233,27 @@ func partialDiff(applied, desired *Rules) (write, remove map[Table][]Chain) {
 	return write, remove
 }
 
-func (p *Proxier) ensureJumps() error {
+// canary is the rule whose presence shows that the tables still hold
+// what the last Sync wrote. It is the jump from filter FORWARD because the
+// filter table is small: iptables-legacy reads a whole table for each
+// check, and the nat table's read costs about 1.2 s at 10,000 Services,
+// the filter table's 5 ms. A flush of the filter table (or of every table,
+// as a firewall reload does) removes it; a flush of the nat table alone is
+// repaired by the next full sync.
+var canary = jump{TableFilter, "FORWARD", []string{"-m", "comment", "--comment", "steelyard forwarding rules", "-j", string(ChainForward)}}
+
+// canaryInPlace reports whether the canary rule is in the kernel.
+func (p *Proxier) canaryInPlace() (bool, error) {
+	return p.ipt.HasRule(canary.table, canary.from, canary.args...)
+}
+
+// ensureJumps writes the jumps from built-in chains that live (the saved
+// ruleset) lacks, one iptables call each.
+func (p *Proxier) ensureJumps(live *liveChains) error {
 	for _, j := range jumps {
+		if live.hasJump(j) {
+			continue
+		}
 		if err := p.ipt.EnsureChain(j.table, j.target()); err != nil {
 			return fmt.Errorf("ensure chain %s/%s: %w", j.table, j.target(), err)
 		}
@@ -283,12 +331,13 @@ func (p *Proxier) Cleanup() error {
 // iptables-save prints what we wrote with small differences (quotes only
 // where needed, probabilities from the kernel's 31-bit fixed point), so
 // rules are compared token by token and probabilities by value.
-func sameRules(live *SavedChain, desired []string) bool {
-	if live == nil || len(live.Rules) != len(desired) {
+func sameRules(live *liveChains, t Table, c Chain, desired []string) bool {
+	rules, ok := live.chain(t, c)
+	if !ok || len(rules) != len(desired) {
 		return false
 	}
-	for i, r := range live.Rules {
-		if !sameRule(r.Text, desired[i]) {
+	for i, r := range rules {
+		if !sameRule(r, desired[i]) {
 			return false
 		}
 	}
