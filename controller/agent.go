@@ -31,8 +31,15 @@ type Agent struct {
 	Tracker   *ChangeTracker
 	Builder   *Builder
 	Dataplane dataplane.Dataplane
-	// SyncPeriod is how often a full sync rewrites everything (repairing
-	// hand edits); syncs in between write only what changed.
+	// FullSyncPeriod is how often a sync is full: it reads the kernel back
+	// and rewrites whatever differs (repairing hand edits). Syncs in
+	// between, the periodic ones included, write only what changed (the
+	// dataplane still goes full on its own when it finds its tables
+	// flushed). Full syncs are rare because at scale one costs seconds
+	// and every change waits behind it. Zero: SyncPeriod.
+	FullSyncPeriod time.Duration
+	// SyncPeriod is the full-sync period when FullSyncPeriod is zero (its
+	// meaning before the two were separated).
 	SyncPeriod time.Duration
 	Clock      clock.Clock
 	// Events, when set, receives a Warning Event on the Service for each
@@ -54,6 +61,13 @@ type Agent struct {
 	// applied is the last State a Sync applied (for Conntrack), nil
 	// before the first successful sync.
 	applied *dataplane.State
+}
+
+// fullReporter is a dataplane that may turn a partial Sync into a full one
+// (the iptables one does when its canary rule is gone) and tells, so that
+// logs, metrics and the next full sync's time count it as full.
+type fullReporter interface {
+	LastSyncFull() bool
 }
 
 // ErrSync marks a sync that failed in the dataplane.
@@ -97,7 +111,11 @@ func (a *Agent) Sync() error {
 		}
 	}
 
-	full := a.lastFull.IsZero() || clk.Since(a.lastFull) >= a.SyncPeriod
+	fullPeriod := a.FullSyncPeriod
+	if fullPeriod == 0 {
+		fullPeriod = a.SyncPeriod
+	}
+	full := a.lastFull.IsZero() || clk.Since(a.lastFull) >= fullPeriod
 	if err := a.Dataplane.Sync(state, full); err != nil {
 		// The dataplane kept its previous state; the runner retries and the
 		// next attempt is a full sync.
@@ -110,6 +128,9 @@ func (a *Agent) Sync() error {
 		}
 		agentLog.WithError(err).Error("sync failed")
 		return errors.Join(ErrSync, err)
+	}
+	if r, ok := a.Dataplane.(fullReporter); ok && r.LastSyncFull() {
+		full = true // the dataplane went full on its own (tables flushed)
 	}
 	if full {
 		a.lastFull = start

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -98,7 +99,7 @@ func (d *failingDataplane) Sync(_ dataplane.State, full bool) error {
 func TestAgentFullSyncPeriodAndAfterFailure(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	d := &failingDataplane{}
-	a := &Agent{Source: &staticSource{}, Builder: NewBuilder(), Dataplane: d, SyncPeriod: time.Minute, Clock: clk}
+	a := &Agent{Source: &staticSource{}, Builder: NewBuilder(), Dataplane: d, FullSyncPeriod: time.Minute, Clock: clk}
 	step := func(by time.Duration, fail bool) error {
 		clk.Step(by)
 		d.fail = fail
@@ -141,5 +142,109 @@ func TestAgentRecordsInvalidWeightsEventOnce(t *testing.T) {
 	}
 	if len(events) != 1 || !strings.HasPrefix(events[0], "Warning InvalidWeights demo/web: annotation steelyard.io/weights") {
 		t.Errorf("events %q, want one Warning InvalidWeights naming the annotation", events)
+	}
+}
+
+// Periodic syncs are partial; only FullSyncPeriod brings a full one. A
+// zero FullSyncPeriod falls back to SyncPeriod (the old single period).
+func TestAgentPeriodicSyncsArePartial(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		a    Agent
+		want []bool // at 0, +30s, +30m, +60m, +61m
+	}{
+		{"full every hour", Agent{SyncPeriod: 30 * time.Second, FullSyncPeriod: time.Hour}, []bool{true, false, false, true, false}},
+		{"SyncPeriod only", Agent{SyncPeriod: 30 * time.Second}, []bool{true, true, true, true, true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+			d := &failingDataplane{}
+			a := tc.a
+			a.Source, a.Builder, a.Dataplane, a.Clock = &staticSource{}, NewBuilder(), d, clk
+			start := clk.Now()
+			for _, at := range []time.Duration{0, 30 * time.Second, 30 * time.Minute, time.Hour, 61 * time.Minute} {
+				clk.SetTime(start.Add(at))
+				if err := a.Sync(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if fmt.Sprint(d.fulls) != fmt.Sprint(tc.want) {
+				t.Errorf("full flags %v, want %v", d.fulls, tc.want)
+			}
+		})
+	}
+}
+
+// Over the fake kernel with the real proxier: a hand edit waits for the
+// full sync, a flushed table is put back by the next periodic sync (the
+// dataplane's canary), and nothing is rewritten in between.
+func TestAgentRepairsFlushAtOnceAndHandEditsAtFullSync(t *testing.T) {
+	web := makeService("demo", "web", func(s *corev1.Service) {
+		s.Spec.ClusterIP = "198.18.0.10"
+		s.Annotations = map[string]string{AnnotationWeights: "web-1=10,web-2=90"}
+	})
+	src := &staticSource{
+		svcs:   []*corev1.Service{web},
+		slices: []*discoveryv1.EndpointSlice{makeSlice("demo", "web", "web-a", []discoveryv1.Endpoint{endpoint("198.19.1.2", "web-1", condReady), endpoint("198.19.1.3", "web-2", condReady)}, nil)},
+	}
+	f := iptables.NewFake()
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	p := iptables.NewProxier(f, iptables.Config{})
+	a := &Agent{Source: src, Builder: NewBuilder(), Dataplane: p, SyncPeriod: 30 * time.Second, FullSyncPeriod: time.Hour, Clock: clk}
+	sync := func(after time.Duration) {
+		t.Helper()
+		clk.Step(after)
+		if err := a.Sync(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sync(0)
+	want := liveShares(t, f)
+	if !strings.Contains(want["demo/web:http"], "90.00%") {
+		t.Fatalf("first sync: %v", want)
+	}
+
+	// A hand edit: the periodic (partial) syncs leave it, the full one
+	// repairs it.
+	svcChain := iptables.ServiceChain(dataplane.ServicePortName{Namespace: "demo", Name: "web", Port: "http"}, dataplane.TCP)
+	if err := f.DeleteRuleAt(iptables.TableNAT, svcChain, 1); err != nil {
+		t.Fatal(err)
+	}
+	broken := liveShares(t, f)["demo/web:http"]
+	restores := f.Restores
+	sync(30 * time.Second)
+	sync(30 * time.Second)
+	if got := liveShares(t, f)["demo/web:http"]; got != broken || f.Restores != restores {
+		t.Errorf("a periodic sync touched the kernel: %s, restores %d -> %d", got, restores, f.Restores)
+	}
+	sync(time.Hour)
+	if got := liveShares(t, f)["demo/web:http"]; got != want["demo/web:http"] {
+		t.Errorf("after the full sync: %s, want %s", got, want["demo/web:http"])
+	}
+
+	// A firewall reload flushes everything: the next periodic sync sees
+	// the canary gone and puts everything back.
+	f.FlushTable(iptables.TableNAT)
+	f.FlushTable(iptables.TableFilter)
+	sync(30 * time.Second)
+	if !p.LastSync.Full || !p.LastSync.CanaryMissing {
+		t.Errorf("sync after the flush: %+v, want full (canary missing)", p.LastSync)
+	}
+	if got := liveShares(t, f)["demo/web:http"]; got != want["demo/web:http"] {
+		t.Errorf("after the flush and a periodic sync: %s, want %s", got, want["demo/web:http"])
+	}
+
+	// That sync counts as full: the next full one is an hour after it,
+	// not an hour after the previous one (30 s earlier).
+	if err := f.DeleteRuleAt(iptables.TableNAT, svcChain, 1); err != nil {
+		t.Fatal(err)
+	}
+	sync(time.Hour - 15*time.Second)
+	if p.LastSync.Full {
+		t.Errorf("full sync %v after a canary-forced full one, want partial until an hour has passed", time.Hour-15*time.Second)
+	}
+	sync(15 * time.Second)
+	if !p.LastSync.Full {
+		t.Errorf("no full sync an hour after the canary-forced one")
 	}
 }

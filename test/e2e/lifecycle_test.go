@@ -199,7 +199,9 @@ func TestExplainVerifyAndRepair(t *testing.T) {
 	f.noClusterCIDR = true
 	f.addPods(webService)
 	f.write("web.yaml", webService)
-	f.start("--sync-period", "1s")
+	// Hand edits are repaired by full syncs: make them as frequent as the
+	// periodic ones (canary_test.go covers the default hour).
+	f.start("--sync-period", "1s", "--full-sync-period", "1s")
 
 	text, err := f.steelyard(append([]string{"explain"}, f.modeArgs()...)...)
 	if err != nil {

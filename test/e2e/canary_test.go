@@ -1,0 +1,61 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// With the default --full-sync-period (an hour), periodic syncs are
+// partial: a hand edit stays until the next full sync, but a firewall
+// reload that flushes the tables is seen at the next periodic sync (the
+// canary rule is gone) and repaired by a full sync at once.
+func TestPeriodicSyncRepairsFlushedTables(t *testing.T) {
+	f := newFixture(t, "")
+	f.noClusterCIDR = true
+	f.addPods(webService)
+	f.write("web.yaml", webService)
+	f.start("--sync-period", "1s")
+	ipt := func(args ...string) {
+		t.Helper()
+		if _, err := f.sb.Node.Exec(append([]string{iptablesCmd(f.mode, "iptables")}, args...)...); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	save, err := f.sb.Node.Exec(iptablesCmd(f.mode, "iptables-save"), "-t", "nat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`-A STEELYARD-SERVICES .*"e2e/web:tcp".* -j (STEELYARD-SVC-[A-Z0-9]+)`).FindStringSubmatch(save)
+	if m == nil {
+		t.Fatalf("no Service chain for e2e/web:tcp in:\n%s", save)
+	}
+	// A hand edit: three periodic syncs later it is still there (they
+	// write only what changed in the desired state: nothing).
+	ipt("-t", "nat", "-D", m[1], "1")
+	time.Sleep(3500 * time.Millisecond)
+	out, code := f.verify()
+	if code != 1 {
+		t.Fatalf("verify exit %d 3.5 s after a hand edit with --full-sync-period 1h, want 1 (periodic syncs are partial):\n%s", code, out)
+	}
+	if n := strings.Count(f.agent.Log(), "full=true"); n != 1 {
+		t.Errorf("%d full syncs, want only the first", n)
+	}
+
+	// A firewall reload: every rule and user chain of both tables goes.
+	logBefore := len(f.agent.Log())
+	flushed := time.Now()
+	for _, table := range []string{"filter", "nat"} {
+		ipt("-t", table, "-F")
+		ipt("-t", table, "-X")
+	}
+	f.waitVerify(5 * time.Second)
+	t.Logf("flushed tables repaired after %s", time.Since(flushed).Round(time.Millisecond))
+	if !strings.Contains(f.agent.Log()[logBefore:], "canary rule missing") {
+		t.Errorf("the agent did not log the missing canary:\n%s", f.agent.Log()[logBefore:])
+	}
+}
