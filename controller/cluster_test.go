@@ -2,14 +2,25 @@ package controller
 
 import (
 	"context"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 // Unit tests of the change tracker and the label selection. The cluster
@@ -107,5 +118,184 @@ func TestClusterSourceSelection(t *testing.T) {
 		if len(got) != len(tc.want) || got[0] != tc.want[0] {
 			t.Errorf("--service-proxy-name %q: got %v, want %v", tc.proxyName, got, tc.want)
 		}
+	}
+}
+
+// refused is what a client sees while kube-apiserver is down.
+var refused = &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+
+// outageClient is a fake clientset whose API server can be stopped: while
+// down, every list and watch is refused, and stopping it ends the open
+// watches as a dying server does.
+type outageClient struct {
+	*fake.Clientset
+	down    atomic.Bool
+	mu      sync.Mutex
+	watches []watch.Interface
+}
+
+func newOutageClient(objs ...runtime.Object) *outageClient {
+	c := &outageClient{Clientset: fake.NewClientset(objs...)}
+	c.PrependReactor("list", "*", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if c.down.Load() {
+			return true, nil, refused
+		}
+		return false, nil, nil
+	})
+	c.PrependWatchReactor("*", func(a k8stesting.Action) (bool, watch.Interface, error) {
+		if c.down.Load() {
+			return true, nil, refused
+		}
+		w, err := c.Tracker().Watch(a.GetResource(), a.GetNamespace())
+		if err != nil {
+			return true, nil, err
+		}
+		c.mu.Lock()
+		c.watches = append(c.watches, w)
+		c.mu.Unlock()
+		return true, w, nil
+	})
+	return c
+}
+
+func (c *outageClient) stop() {
+	c.down.Store(true)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, w := range c.watches {
+		w.Stop()
+	}
+	c.watches = nil
+}
+
+// TestClusterSourceOutage: the API server goes away and comes back. The
+// source logs the outage once when it starts and once when it ends, and a
+// change made while it was down (a Service deleted, one added) reaches
+// the tracker and the listers after the relist.
+func TestClusterSourceOutage(t *testing.T) {
+	client := newOutageClient(makeService("demo", "web", nil), makeService("demo", "old", nil))
+	src, err := NewClusterSource(client, ClusterOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger, hook := logtest.NewNullLogger()
+	logger.SetLevel(logrus.DebugLevel)
+	src.API.log = logger.WithField("subsys", "controller")
+	var changes atomic.Int32
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := src.Start(ctx, func() { changes.Add(1) }); err != nil {
+		t.Fatal(err)
+	}
+	src.Tracker.Drain()
+
+	client.stop()
+	waitFor(t, 5*time.Second, "the outage to be noticed", func() bool { return !src.API.Reachable() })
+	// Changes the agent cannot see while the API server is down: they
+	// come with the relist. The fake's tracker is written directly.
+	if err := client.Tracker().Delete(corev1.SchemeGroupVersion.WithResource("services"), "demo", "old"); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.Tracker().Add(makeService("demo", "api", nil)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second) // several refused retries
+	before := changes.Load()
+	client.down.Store(false)
+	waitFor(t, 10*time.Second, "the watch to come back", func() bool { return src.API.Reachable() })
+	waitFor(t, 5*time.Second, "the relist to reach the listers", func() bool {
+		svcs, _, _ := src.Load()
+		names := map[string]bool{}
+		for _, s := range svcs {
+			names[s.Name] = true
+		}
+		return len(svcs) == 2 && names["web"] && names["api"]
+	})
+	if changes.Load() == before {
+		t.Error("the relist after the outage did not call onChange")
+	}
+	got := src.Tracker.Drain().Services
+	for _, name := range []string{"old", "api"} {
+		if !got[types.NamespacedName{Namespace: "demo", Name: name}] {
+			t.Errorf("tracker after the outage: %v, want demo/old and demo/api", got)
+		}
+	}
+	if got[types.NamespacedName{Namespace: "demo", Name: "web"}] {
+		t.Errorf("the unchanged demo/web counted as a change after the relist")
+	}
+
+	var warns, infos, debugs int
+	for _, e := range hook.AllEntries() {
+		switch {
+		case e.Message == "API server still unreachable":
+			debugs++
+		case e.Level == logrus.WarnLevel:
+			warns++
+			if e.Data[logrus.ErrorKey] == nil || e.Data[fieldResource] == nil {
+				t.Errorf("outage warning without the error or resource: %v", e.Data)
+			}
+		case e.Message == "API server reachable again":
+			infos++
+			if d, err := time.ParseDuration(e.Data[fieldDownFor].(string)); err != nil || d < 3*time.Second {
+				t.Errorf("down_for %v (%v), want >= 3s", e.Data[fieldDownFor], err)
+			}
+		}
+	}
+	if warns != 1 || infos != 1 {
+		t.Errorf("%d warnings and %d recovery lines for one outage, want 1 and 1", warns, infos)
+	}
+	if n, d := src.API.Outages(); n != 1 || d < 3*time.Second {
+		t.Errorf("Outages() = %d, %v; want 1, >= 3s", n, d)
+	}
+	t.Logf("%d refused retries in about 3 s logged at debug level", debugs)
+}
+
+// TestAPIHealthNeedsEveryResource: the outage ends only when every
+// resource's latest request succeeded; an expired resourceVersion and a
+// request ended by the agent stopping are not failures.
+func TestAPIHealthNeedsEveryResource(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+	h := NewAPIHealth(clk)
+	logger, hook := logtest.NewNullLogger()
+	h.log = logger.WithField("subsys", "controller")
+	ctx := context.Background()
+
+	h.observe(ctx, "services", refused)
+	clk.Step(time.Second)
+	h.observe(ctx, "endpointslices", refused)
+	h.observe(ctx, "services", refused)
+	clk.Step(4 * time.Second)
+	h.observe(ctx, "services", nil)
+	if h.Reachable() {
+		t.Error("reachable while EndpointSlices still fail")
+	}
+	clk.Step(time.Second)
+	h.observe(ctx, "endpointslices", nil)
+	if !h.Reachable() {
+		t.Error("not reachable after every resource succeeded")
+	}
+	if n, d := h.Outages(); n != 1 || d != 6*time.Second {
+		t.Errorf("Outages() = %d, %v; want 1, 6s", n, d)
+	}
+	if len(hook.AllEntries()) != 2 || hook.AllEntries()[1].Data[fieldDownFor] != "6s" {
+		t.Errorf("log lines %v, want one warning and one info with down_for=6s", hook.AllEntries())
+	}
+
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	h.observe(cancelled, "services", context.Canceled)
+	if !h.Reachable() {
+		t.Error("a request ended by the agent stopping counted as an outage")
+	}
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, f func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !f() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

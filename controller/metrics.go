@@ -86,6 +86,27 @@ func (m *Metrics) WatchTracker(t *ChangeTracker) {
 	)
 }
 
+// WatchAPIServer exports whether the API server answers the watches and
+// its outages, read at scrape time.
+func (m *Metrics) WatchAPIServer(h *APIHealth) {
+	m.Registry.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "steelyard", Name: "apiserver_reachable",
+			Help: "1 when the latest list or watch request of every resource succeeded, else 0."},
+			func() float64 {
+				if h.Reachable() {
+					return 1
+				}
+				return 0
+			}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "steelyard", Name: "apiserver_outages_total",
+			Help: "API server outages that have ended (every watch re-established)."},
+			func() float64 { n, _ := h.Outages(); return float64(n) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "steelyard", Name: "apiserver_last_outage_seconds",
+			Help: "Length of the last API server outage that has ended, from the first failed request to the last watch re-established."},
+			func() float64 { _, d := h.Outages(); return d.Seconds() }),
+	)
+}
+
 // Handler serves /metrics.
 func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{})
