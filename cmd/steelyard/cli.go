@@ -45,6 +45,8 @@ func newVerifyCommand() *cobra.Command {
 		manifests  string
 		kubeconfig string
 		proxyName  string
+		nodeName   string
+		node       nodeFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "verify",
@@ -73,13 +75,14 @@ func newVerifyCommand() *cobra.Command {
 				}
 				source = "the API server"
 			}
-			state, problems := controller.NewBuilder().Build(svcs, slices)
-			for _, p := range problems {
-				fmt.Fprintln(cmd.ErrOrStderr(), "warning:", p.Error())
-			}
 			d, err := dp.open()
 			if err != nil {
 				return err
+			}
+			builder, _ := node.builder(cmd.Context(), d, kubeconfig, manifests, nodeName)
+			state, problems := builder.Build(svcs, slices)
+			for _, p := range problems {
+				fmt.Fprintln(cmd.ErrOrStderr(), "warning:", p.Error())
 			}
 			live, err := d.Explain()
 			if err != nil {
@@ -102,6 +105,8 @@ func newVerifyCommand() *cobra.Command {
 	cmd.Flags().StringVar(&manifests, "manifests", "", "directory of Service and EndpointSlice manifests; without it, the API server")
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the API server (in-cluster config when empty)")
 	cmd.Flags().StringVar(&proxyName, "service-proxy-name", "", "as for run: which Services the agent handles")
+	cmd.Flags().StringVar(&nodeName, "node-name", defaultNodeName(), "as for run: this node's name (local endpoints)")
+	node.register(cmd, false)
 	return cmd
 }
 
@@ -112,8 +117,11 @@ func newCleanupCommand() *cobra.Command {
 		Short: "Remove everything steelyard created in the kernel, and nothing else",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if dp.mode == "ipvs" {
+				return cleanupIPVS(dp.iptablesMode)
+			}
 			if dp.mode != "iptables" {
-				return fmt.Errorf("--mode %q: this build supports iptables", dp.mode)
+				return fmt.Errorf("--mode %q: want iptables or ipvs", dp.mode)
 			}
 			modes := []iptables.Mode{iptables.Mode(dp.iptablesMode)}
 			if dp.iptablesMode == string(iptables.ModeAuto) {
@@ -136,6 +144,9 @@ func newCleanupCommand() *cobra.Command {
 				}
 				if err := iptables.NewProxier(ipt, iptables.Config{}).Cleanup(); err != nil {
 					return fmt.Errorf("cleanup (%s): %w", m, err)
+				}
+				if err := cleanupIPv6(m); err != nil {
+					return fmt.Errorf("cleanup IPv6 (%s): %w", m, err)
 				}
 			}
 			return nil

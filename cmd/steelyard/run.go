@@ -26,7 +26,9 @@ import (
 	"github.com/steelyard-net/steelyard/controller"
 	"github.com/steelyard-net/steelyard/controller/runner"
 	"github.com/steelyard-net/steelyard/dataplane"
+	"github.com/steelyard-net/steelyard/dataplane/conntrack"
 	"github.com/steelyard-net/steelyard/dataplane/iptables"
+	"github.com/steelyard-net/steelyard/dataplane/ipvs"
 )
 
 var log = logrus.WithField("subsys", "main")
@@ -39,15 +41,19 @@ type dataplaneFlags struct {
 	clusterCIDRs  []string
 	masqueradeAll bool
 	masqueradeBit int
+	// IPVS mode (ipvs.go).
+	ipvsScheduler      string
+	ipvsGracefulPeriod time.Duration
 }
 
 func (f *dataplaneFlags) register(cmd *cobra.Command, withConfig bool) {
-	cmd.Flags().StringVar(&f.mode, "mode", "iptables", "dataplane: iptables")
+	cmd.Flags().StringVar(&f.mode, "mode", "iptables", "dataplane: iptables or ipvs")
 	cmd.Flags().StringVar(&f.iptablesMode, "iptables-mode", "auto", "iptables flavour: auto (the one the host uses), nft or legacy")
 	if withConfig {
 		cmd.Flags().StringSliceVar(&f.clusterCIDRs, "cluster-cidr", nil, "pod CIDRs; new connections to a VIP from outside them are masqueraded")
 		cmd.Flags().BoolVar(&f.masqueradeAll, "masquerade-all", false, "masquerade every new connection to a VIP")
 		cmd.Flags().IntVar(&f.masqueradeBit, "masquerade-bit", iptables.DefaultMasqueradeBit, "fwmark bit (0-31) that marks packets for masquerading")
+		f.registerIPVS(cmd)
 	}
 }
 
@@ -75,23 +81,28 @@ func (f *dataplaneFlags) open() (dataplane.Dataplane, error) {
 			return nil, err
 		}
 		log.WithField("iptables", mode).Debug("using iptables")
-		return iptables.NewProxier(ipt, cfg), nil
+		return openIPTables(ipt, mode, cfg), nil
+	case "ipvs":
+		return f.openIPVS()
 	default:
-		return nil, fmt.Errorf("--mode %q: this build supports iptables", f.mode)
+		return nil, fmt.Errorf("--mode %q: want iptables or ipvs", f.mode)
 	}
 }
 
 func newRunCommand() *cobra.Command {
 	var (
-		dp            dataplaneFlags
-		manifests     string
-		kubeconfig    string
-		nodeName      string
-		proxyName     string
-		metricsAddr   string
-		healthzAddr   string
-		syncPeriod    time.Duration
-		minSyncPeriod time.Duration
+		dp             dataplaneFlags
+		manifests      string
+		kubeconfig     string
+		nodeName       string
+		proxyName      string
+		metricsAddr    string
+		healthzAddr    string
+		syncPeriod     time.Duration
+		minSyncPeriod  time.Duration
+		fullSyncPeriod time.Duration
+		ing            ingressFlags
+		node           nodeFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -109,14 +120,28 @@ func newRunCommand() *cobra.Command {
 			defer stop()
 			metrics := controller.NewMetrics()
 			health := controller.NewHealth(max(2*syncPeriod, time.Minute), nil)
-			agent := &controller.Agent{Builder: controller.NewBuilder(), Dataplane: d, SyncPeriod: syncPeriod, Metrics: metrics, Health: health}
+			agent := &controller.Agent{Builder: controller.NewBuilder(), Dataplane: d, FullSyncPeriod: fullSyncPeriod, Metrics: metrics, Health: health}
+			// Stale UDP flows are cleared in every dataplane mode; without
+			// netfilter netlink the agent still runs, with a warning.
+			if ct, err := conntrack.New(); err != nil {
+				log.WithError(err).Warn("conntrack unavailable: stale UDP flows will not be cleared")
+			} else {
+				defer ct.Close()
+				agent.Conntrack = ct
+			}
 			if err := serve(ctx, "metrics", metricsAddr, "/metrics", metrics.Handler()); err != nil {
 				return err
 			}
 			if err := serve(ctx, "healthz", healthzAddr, "/", health.Handler()); err != nil {
 				return err
 			}
+			if err := node.setupParity(ctx, agent, kubeconfig, manifests, nodeName); err != nil {
+				return err
+			}
 			r := runner.New(agent.Sync, minSyncPeriod, syncPeriod, 0, nil)
+			if p, ok := d.(*ipvs.DualStack); ok {
+				p.SetTrigger(r.Trigger) // deletes drained destinations soon after their last connection
+			}
 
 			fields := logrus.Fields{"mode": dp.mode, "version": version, "node": nodeName}
 			if manifests != "" {
@@ -136,10 +161,16 @@ func newRunCommand() *cobra.Command {
 				agent.Events = events
 				agent.Source, agent.Tracker = src, src.Tracker
 				metrics.WatchTracker(src.Tracker)
+				metrics.WatchAPIServer(src.API)
 				fields["kubeconfig"], fields["service-proxy-name"] = kubeconfig, proxyName
+			}
+			waitIngress, err := ing.start(ctx, kubeconfig, manifests, nodeName, metrics.Registry)
+			if err != nil {
+				return err
 			}
 			log.WithFields(fields).Info("steelyard starting")
 			r.Run(ctx.Done())
+			waitIngress() // nginx stopped before we exit
 			// Rules stay in place: connections keep flowing while we are
 			// away, and the next start syncs without flushing.
 			log.Info("stopping; rules left in place")
@@ -147,13 +178,16 @@ func newRunCommand() *cobra.Command {
 		},
 	}
 	dp.register(cmd, true)
+	node.register(cmd, true)
+	ing.register(cmd)
 	cmd.Flags().StringVar(&manifests, "manifests", "", "directory of Service and EndpointSlice manifests (YAML or JSON); without it, the API server is the source")
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the API server (in-cluster config when empty)")
 	cmd.Flags().StringVar(&nodeName, "node-name", defaultNodeName(), "this node's name (default: $NODE_NAME, else the hostname)")
 	cmd.Flags().StringVar(&proxyName, "service-proxy-name", "", "handle only Services labelled service.kubernetes.io/service-proxy-name=<this> (run beside kube-proxy); empty: every Service without that label")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-bind-address", "127.0.0.1:10279", "address of /metrics (kube-proxy's is :10249); empty: off")
 	cmd.Flags().StringVar(&healthzAddr, "healthz-bind-address", "0.0.0.0:10276", "address of /healthz and /readyz (kube-proxy's is :10256); empty: off")
-	cmd.Flags().DurationVar(&syncPeriod, "sync-period", 30*time.Second, "full resync interval; also repairs rules changed by hand")
+	cmd.Flags().DurationVar(&syncPeriod, "sync-period", 30*time.Second, "periodic sync interval: writes what changed and checks a canary rule (a flushed table forces a full resync)")
+	cmd.Flags().DurationVar(&fullSyncPeriod, "full-sync-period", time.Hour, "full resync interval: reads the kernel back and rewrites what differs, repairing rules changed by hand")
 	cmd.Flags().DurationVar(&minSyncPeriod, "min-sync-period", 250*time.Millisecond, "minimum time between syncs; bursts of changes merge")
 	return cmd
 }
@@ -166,7 +200,7 @@ func defaultNodeName() string {
 	return n
 }
 
-// startClusterSource connects to the API server and starts the informers;
+// startClusterSource connects to the API server and starts the watches;
 // it returns once their caches are filled.
 func startClusterSource(ctx context.Context, kubeconfig, proxyName, nodeName string, changed func()) (*controller.ClusterSource, record.EventRecorder, error) {
 	// client-go logs through klog; send it to logrus like everything else.
