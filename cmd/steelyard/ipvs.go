@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"net/netip"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -39,19 +38,11 @@ func (f *dataplaneFlags) openIPVS() (dataplane.Dataplane, error) {
 	if cfg.GracefulPeriod == 0 {
 		cfg.GracefulPeriod = time.Nanosecond // 0 means "delete at once", not the default
 	}
-	for _, c := range f.clusterCIDRs {
-		if c == "" {
-			continue
-		}
-		p, err := netip.ParsePrefix(c)
-		if err != nil {
-			return nil, fmt.Errorf("--cluster-cidr %q: %w", c, err)
-		}
-		cfg.ClusterCIDRs = append(cfg.ClusterCIDRs, p.Masked())
+	cidrs, err := f.masquerade()
+	if err != nil {
+		return nil, err
 	}
-	if f.masqueradeBit < 0 || f.masqueradeBit > 31 {
-		return nil, fmt.Errorf("--masquerade-bit %d: want 0 to 31", f.masqueradeBit)
-	}
+	cfg.ClusterCIDRs = cidrs
 	return ipvs.NewDualStackKernel(iptables.Mode(f.iptablesMode), cfg)
 }
 

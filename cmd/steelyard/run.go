@@ -61,21 +61,11 @@ func (f *dataplaneFlags) register(cmd *cobra.Command, withConfig bool) {
 func (f *dataplaneFlags) open() (dataplane.Dataplane, error) {
 	switch f.mode {
 	case "iptables":
-		var cfg iptables.Config
-		for _, c := range f.clusterCIDRs {
-			if c == "" {
-				continue // an empty value from a ConfigMap: none
-			}
-			p, err := netip.ParsePrefix(c)
-			if err != nil {
-				return nil, fmt.Errorf("--cluster-cidr %q: %w", c, err)
-			}
-			cfg.ClusterCIDRs = append(cfg.ClusterCIDRs, p.Masked())
+		cidrs, err := f.masquerade()
+		if err != nil {
+			return nil, err
 		}
-		if f.masqueradeBit < 0 || f.masqueradeBit > 31 {
-			return nil, fmt.Errorf("--masquerade-bit %d: want 0 to 31", f.masqueradeBit)
-		}
-		cfg.MasqueradeAll, cfg.MasqueradeBit = f.masqueradeAll, f.masqueradeBit
+		cfg := iptables.Config{ClusterCIDRs: cidrs, MasqueradeAll: f.masqueradeAll, MasqueradeBit: f.masqueradeBit}
 		ipt, mode, err := iptables.New(iptables.Mode(f.iptablesMode))
 		if err != nil {
 			return nil, err
@@ -87,6 +77,26 @@ func (f *dataplaneFlags) open() (dataplane.Dataplane, error) {
 	default:
 		return nil, fmt.Errorf("--mode %q: want iptables or ipvs", f.mode)
 	}
+}
+
+// masquerade checks the masquerade flags both dataplanes share and returns
+// the cluster CIDRs.
+func (f *dataplaneFlags) masquerade() ([]netip.Prefix, error) {
+	if f.masqueradeBit < 0 || f.masqueradeBit > 31 {
+		return nil, fmt.Errorf("--masquerade-bit %d: want 0 to 31", f.masqueradeBit)
+	}
+	var cidrs []netip.Prefix
+	for _, c := range f.clusterCIDRs {
+		if c == "" {
+			continue // an empty value from a ConfigMap: none
+		}
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return nil, fmt.Errorf("--cluster-cidr %q: %w", c, err)
+		}
+		cidrs = append(cidrs, p.Masked())
+	}
+	return cidrs, nil
 }
 
 func newRunCommand() *cobra.Command {
@@ -109,11 +119,14 @@ func newRunCommand() *cobra.Command {
 		Short: "Run the node agent: program the kernel from Services and EndpointSlices",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := dataplane.SetSysctl("net.ipv4.ip_forward", "1"); err != nil {
-				return err
-			}
+			// Flags are checked (the dataplane opened, which writes
+			// nothing) before the first kernel write: a bad flag changes
+			// nothing.
 			d, err := dp.open()
 			if err != nil {
+				return err
+			}
+			if err := dataplane.SetSysctl("net.ipv4.ip_forward", "1"); err != nil {
 				return err
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
