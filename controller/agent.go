@@ -36,12 +36,9 @@ type Agent struct {
 	// between, the periodic ones included, write only what changed (the
 	// dataplane still goes full on its own when it finds its tables
 	// flushed). Full syncs are rare because at scale one costs seconds
-	// and every change waits behind it. Zero: SyncPeriod.
+	// and every change waits behind it. Zero: every sync is full.
 	FullSyncPeriod time.Duration
-	// SyncPeriod is the full-sync period when FullSyncPeriod is zero (its
-	// meaning before the two were separated).
-	SyncPeriod time.Duration
-	Clock      clock.Clock
+	Clock          clock.Clock
 	// Events, when set, receives a Warning Event on the Service for each
 	// new problem (reason InvalidWeights for annotations). The recorder's
 	// own spam filter rate-limits repeats.
@@ -111,11 +108,7 @@ func (a *Agent) Sync() error {
 		}
 	}
 
-	fullPeriod := a.FullSyncPeriod
-	if fullPeriod == 0 {
-		fullPeriod = a.SyncPeriod
-	}
-	full := a.lastFull.IsZero() || clk.Since(a.lastFull) >= fullPeriod
+	full := a.lastFull.IsZero() || clk.Since(a.lastFull) >= a.FullSyncPeriod
 	if err := a.Dataplane.Sync(state, full); err != nil {
 		// The dataplane kept its previous state; the runner retries and the
 		// next attempt is a full sync.

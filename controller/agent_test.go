@@ -56,7 +56,7 @@ func TestAgentBadAnnotationKeepsLastValidAndOthersSync(t *testing.T) {
 	}
 	f := iptables.NewFake()
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-	a := &Agent{Source: src, Builder: NewBuilder(), Dataplane: iptables.NewProxier(f, iptables.Config{}), SyncPeriod: time.Minute, Clock: clk}
+	a := &Agent{Source: src, Builder: NewBuilder(), Dataplane: iptables.NewProxier(f, iptables.Config{}), FullSyncPeriod: time.Minute, Clock: clk}
 	if err := a.Sync(); err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +129,7 @@ func TestAgentRecordsInvalidWeightsEventOnce(t *testing.T) {
 	})
 	rec := record.NewFakeRecorder(10)
 	a := &Agent{Source: &staticSource{svcs: []*corev1.Service{web}}, Builder: NewBuilder(),
-		Dataplane: iptables.NewProxier(iptables.NewFake(), iptables.Config{}), SyncPeriod: time.Minute, Events: rec}
+		Dataplane: iptables.NewProxier(iptables.NewFake(), iptables.Config{}), FullSyncPeriod: time.Minute, Events: rec}
 	for range 3 {
 		if err := a.Sync(); err != nil {
 			t.Fatal(err)
@@ -153,8 +153,8 @@ func TestAgentPeriodicSyncsArePartial(t *testing.T) {
 		a    Agent
 		want []bool // at 0, +30s, +30m, +60m, +61m
 	}{
-		{"full every hour", Agent{SyncPeriod: 30 * time.Second, FullSyncPeriod: time.Hour}, []bool{true, false, false, true, false}},
-		{"SyncPeriod only", Agent{SyncPeriod: 30 * time.Second}, []bool{true, true, true, true, true}},
+		{"full every hour", Agent{FullSyncPeriod: time.Hour}, []bool{true, false, false, true, false}},
+		{"zero: every sync full", Agent{}, []bool{true, true, true, true, true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
@@ -190,7 +190,7 @@ func TestAgentRepairsFlushAtOnceAndHandEditsAtFullSync(t *testing.T) {
 	f := iptables.NewFake()
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	p := iptables.NewProxier(f, iptables.Config{})
-	a := &Agent{Source: src, Builder: NewBuilder(), Dataplane: p, SyncPeriod: 30 * time.Second, FullSyncPeriod: time.Hour, Clock: clk}
+	a := &Agent{Source: src, Builder: NewBuilder(), Dataplane: p, FullSyncPeriod: time.Hour, Clock: clk}
 	sync := func(after time.Duration) {
 		t.Helper()
 		clk.Step(after)

@@ -383,7 +383,7 @@ func TestAgentDeletesStaleUDPFlows(t *testing.T) {
 	src := &staticSource{}
 	src.svcs, src.slices = dnsObjects(endpoint("198.19.4.2", "dns-1", condReady), endpoint("198.19.4.3", "dns-2", condReady))
 	dp := &flakyDataplane{}
-	a := &Agent{Source: src, Builder: NewBuilder(), Dataplane: dp, Conntrack: ct, SyncPeriod: time.Minute, Clock: clocktesting.NewFakeClock(time.Unix(1000, 0))}
+	a := &Agent{Source: src, Builder: NewBuilder(), Dataplane: dp, Conntrack: ct, FullSyncPeriod: time.Minute, Clock: clocktesting.NewFakeClock(time.Unix(1000, 0))}
 
 	// The first sync (a start or restart) keeps every live flow and
 	// deletes only the one to an endpoint the Service no longer has.
@@ -442,7 +442,7 @@ func TestAgentDeletesStaleUDPFlowsOfExternalEntryPoints(t *testing.T) {
 	src.svcs, src.slices = dnsObjectsOf(nodePort, on(endpoint("198.19.4.2", "dns-1", condReady), "node-a"), on(endpoint("198.19.4.3", "dns-2", condReady), "node-b"))
 	b := NewBuilder()
 	b.NodeName = "node-a"
-	a := &Agent{Source: src, Builder: b, Dataplane: &flakyDataplane{}, Conntrack: ct, SyncPeriod: time.Minute, Clock: clocktesting.NewFakeClock(time.Unix(1000, 0))}
+	a := &Agent{Source: src, Builder: b, Dataplane: &flakyDataplane{}, Conntrack: ct, FullSyncPeriod: time.Minute, Clock: clocktesting.NewFakeClock(time.Unix(1000, 0))}
 	if err := a.Sync(); err != nil {
 		t.Fatal(err)
 	}

@@ -46,7 +46,7 @@ func TestAgentExportsSyncMetrics(t *testing.T) {
 	m.WatchTracker(tr)
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	a := &Agent{Source: &staticSource{}, Tracker: tr, Builder: NewBuilder(), Dataplane: iptables.NewProxier(iptables.NewFake(), iptables.Config{}),
-		SyncPeriod: time.Minute, Clock: clk, Metrics: m, Health: NewHealth(time.Minute, clk)}
+		FullSyncPeriod: time.Minute, Clock: clk, Metrics: m, Health: NewHealth(time.Minute, clk)}
 	tr.ServiceChanged(nil, makeService("demo", "web", nil))
 	if err := a.Sync(); err != nil {
 		t.Fatal(err)
