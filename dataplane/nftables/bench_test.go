@@ -1,0 +1,148 @@
+package nftables
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/knftables"
+
+	"github.com/steelyard-net/steelyard/dataplane"
+)
+
+// bigState returns n Service ports with 10 endpoints each (VIPs in
+// 198.18.0.0/16, pods in 198.19.0.0/16).
+func bigState(n int) dataplane.State {
+	s := dataplane.State{Services: make([]dataplane.ServicePort, 0, n)}
+	for i := range n {
+		sp := dataplane.ServicePort{
+			Name: dataplane.ServicePortName{Namespace: "bench", Name: fmt.Sprintf("svc-%d", i), Port: "http"},
+			VIP:  dataplane.VIP{IP: netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}), Port: 80, Protocol: dataplane.TCP},
+		}
+		for j := range 10 {
+			k := i*10 + j
+			sp.Backends = append(sp.Backends, be(netip.AddrFrom4([4]byte{198, 19, byte(k >> 8), byte(k)}).String(), 8080, float64(j+1)))
+		}
+		s.Services = append(s.Services, sp)
+	}
+	return s
+}
+
+// BenchmarkFirstSync renders 10,000 Services x 10 endpoints and runs the
+// first (full) transaction against knftables.Fake.
+func BenchmarkFirstSync(b *testing.B) {
+	s := bigState(10000)
+	for b.Loop() {
+		p := NewProxier(knftables.NewFake(knftables.IPv4Family, TableName), testCfg)
+		if err := p.Sync(s, true); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkPartialSync changes one endpoint's weight of one Service out of
+// 10,000 and runs the partial transaction.
+func BenchmarkPartialSync(b *testing.B) {
+	s := bigState(10000)
+	p := NewProxier(knftables.NewFake(knftables.IPv4Family, TableName), testCfg)
+	if err := p.Sync(s, true); err != nil {
+		b.Fatal(err)
+	}
+	i := 0
+	for b.Loop() {
+		s.Services[5000].Backends[3].Weight = float64(1 + i%2*7)
+		i++
+		if err := p.Sync(s, false); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// discardNFT builds transactions and throws them away: it measures
+// steelyard's own rendering, without the Fake's bookkeeping.
+type discardNFT struct {
+	knftables.Interface
+	ops int
+}
+
+func (d *discardNFT) Run(_ context.Context, tx *knftables.Transaction) error {
+	d.ops = tx.NumOperations()
+	return nil
+}
+
+func (d *discardNFT) List(context.Context, string) ([]string, error) { return nil, nil }
+
+// BenchmarkRenderFirst renders the first (full) transaction of 10,000
+// Services x 10 endpoints, without running it.
+func BenchmarkRenderFirst(b *testing.B) {
+	s := bigState(10000)
+	for b.Loop() {
+		d := &discardNFT{Interface: knftables.NewFake(knftables.IPv4Family, TableName)}
+		if err := NewProxier(d, testCfg).Sync(s, true); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(d.ops), "ops")
+	}
+}
+
+// BenchmarkRenderPartial renders the partial transaction after one weight
+// change among 10,000 Services, without running it.
+func BenchmarkRenderPartial(b *testing.B) {
+	s := bigState(10000)
+	d := &discardNFT{Interface: knftables.NewFake(knftables.IPv4Family, TableName)}
+	p := NewProxier(d, testCfg)
+	if err := p.Sync(s, true); err != nil {
+		b.Fatal(err)
+	}
+	i := 0
+	for b.Loop() {
+		s.Services[5000].Backends[3].Weight = float64(1 + i%2*7)
+		i++
+		if err := p.Sync(s, false); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(d.ops), "ops")
+	}
+}
+
+// TestKernelTiming times the first sync and a one-endpoint change at 10,000
+// Services x 10 endpoints with the real nft. It only runs with
+// STEELYARD_NFT_REAL=1, in a throwaway network namespace:
+//
+//	go test -c -o /tmp/nftables.test ./dataplane/nftables/
+//	STEELYARD_NFT_REAL=1 unshare -n /tmp/nftables.test -test.run KernelTiming -test.v
+func TestKernelTiming(t *testing.T) {
+	if os.Getenv("STEELYARD_NFT_REAL") != "1" || testing.Short() {
+		t.Skip("STEELYARD_NFT_REAL=1 runs it against the real nft")
+	}
+	p, _ := newTest(t, 4)
+	s := bigState(10000)
+	start := time.Now()
+	if err := p.Sync(s, true); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("first sync, 10,000 Services x 10 endpoints: %s", time.Since(start).Round(time.Millisecond))
+	s.Services[5000].Backends[3].Weight = 42
+	start = time.Now()
+	if err := p.Sync(s, false); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("one-endpoint change (partial sync): %s", time.Since(start).Round(time.Millisecond))
+	start = time.Now()
+	if err := p.Sync(s, true); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("full resync of the same state: %s", time.Since(start).Round(time.Millisecond))
+	start = time.Now()
+	views, err := p.Explain()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("explain: %d views in %s", len(views), time.Since(start).Round(time.Millisecond))
+	if diff := dataplane.Diff(dataplane.Expected(s), views); len(diff) > 0 {
+		t.Errorf("%d differences, first %s", len(diff), diff[0])
+	}
+}

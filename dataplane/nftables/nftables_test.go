@@ -1,0 +1,325 @@
+package nftables
+
+// Test IP plan (198.18.0.0/15 and 2001:2::/48 only):
+//   VIPs 198.18.0.10 .., pods 198.19.1.2 .. (cluster CIDR 198.19.0.0/17).
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
+	"sigs.k8s.io/knftables"
+
+	"github.com/steelyard-net/steelyard/dataplane"
+)
+
+var testCfg = Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.19.0.0/17")}}
+
+func svcPort(name, vip string, vport uint16, proto dataplane.Protocol, backends ...dataplane.Backend) dataplane.ServicePort {
+	return dataplane.ServicePort{
+		Name:     dataplane.ServicePortName{Namespace: "default", Name: name, Port: "http"},
+		VIP:      dataplane.VIP{IP: netip.MustParseAddr(vip), Port: vport, Protocol: proto},
+		Backends: backends,
+	}
+}
+
+func be(ip string, port uint16, w float64) dataplane.Backend {
+	return dataplane.Backend{IP: netip.MustParseAddr(ip), Port: port, Weight: w, Ready: true, Serving: true}
+}
+
+// newTest returns a Proxier over knftables.Fake, or over the real nft when
+// STEELYARD_NFT_REAL=1 (run it in a throwaway network namespace:
+// unshare -n go test ...).
+func newTest(t testing.TB, family int) (*Proxier, knftables.Interface) {
+	t.Helper()
+	f := famOf(family)
+	if os.Getenv("STEELYARD_NFT_REAL") == "1" {
+		nft, err := knftables.New(f.nfFamily, TableName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := testCfg
+		cfg.Family = family
+		p := NewProxier(nft, cfg)
+		p.textRules = true
+		t.Cleanup(func() { _ = p.Cleanup() })
+		return p, nft
+	}
+	nft := knftables.NewFake(f.nfFamily, TableName)
+	cfg := testCfg
+	cfg.Family = family
+	return NewProxier(nft, cfg), nft
+}
+
+func sharesOf(t *testing.T, p *Proxier) map[string]map[string]float64 {
+	t.Helper()
+	views, err := p.Explain()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]map[string]float64{}
+	for _, v := range views {
+		if len(v.Problems) > 0 {
+			t.Errorf("%s: problems %v", v.Key(), v.Problems)
+		}
+		m := map[string]float64{}
+		for _, b := range v.Backends {
+			m[netip.AddrPortFrom(netip.MustParseAddr(b.IP), b.Port).String()] = b.Share
+		}
+		if v.Reject {
+			m["reject"] = 1
+		}
+		out[v.Service] = m
+	}
+	return out
+}
+
+func TestExplainSharesEqualWeights(t *testing.T) {
+	cases := map[string][]float64{
+		"10/90":      {10, 90},
+		"1:2:3:4":    {1, 2, 3, 4},
+		"fractional": {0.9, 89.1, 10},
+		"thirds":     {1.5, 1.5, 1.5},
+		"one":        {5},
+	}
+	for name, ws := range cases {
+		t.Run(name, func(t *testing.T) {
+			p, _ := newTest(t, 4)
+			sp := svcPort("web", "198.18.0.10", 80, dataplane.TCP)
+			var total float64
+			for i, w := range ws {
+				sp.Backends = append(sp.Backends, be("198.19.1."+string(rune('2'+i)), 8080, w))
+				total += w
+			}
+			if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{sp}}, true); err != nil {
+				t.Fatal(err)
+			}
+			got := sharesOf(t, p)["default/web:http"]
+			for _, b := range sp.Backends {
+				want := 100 * b.Weight / total
+				if d := math.Abs(got[b.Addr().String()] - want); d > 0.01 {
+					t.Errorf("%s: share %v, want %v", b.Addr(), got[b.Addr().String()], want)
+				}
+			}
+			// verify's comparison agrees too.
+			live, _ := p.Explain()
+			if diff := dataplane.Diff(dataplane.Expected(dataplane.State{Services: []dataplane.ServicePort{sp}}), live); len(diff) > 0 {
+				t.Errorf("diff:\n%s", strings.Join(diff, "\n"))
+			}
+		})
+	}
+}
+
+func TestRenderedTransaction(t *testing.T) {
+	if os.Getenv("STEELYARD_NFT_REAL") == "1" {
+		t.Skip("compares a Fake dump")
+	}
+	p, nft := newTest(t, 4)
+	s := dataplane.State{Services: []dataplane.ServicePort{
+		svcPort("web", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2", 8080, 10), be("198.19.1.3", 8080, 90), be("198.19.1.4", 8080, 0)),
+		svcPort("empty", "198.18.0.11", 53, dataplane.UDP),
+	}}
+	if err := p.Sync(s, true); err != nil {
+		t.Fatal(err)
+	}
+	dump := nft.(*knftables.Fake).Dump()
+	for _, want := range []string{
+		"add chain ip steelyard nat-prerouting { type nat hook prerouting priority -100 ; }",
+		"add rule ip steelyard services ip daddr . meta l4proto . th dport vmap @service-ips",
+		"add rule ip steelyard masquerading masquerade fully-random",
+		"add rule ip steelyard no-endpoints-check ip daddr . meta l4proto . th dport @no-endpoint-services reject",
+		"add element ip steelyard no-endpoint-services { 198.18.0.11 . udp . 53 comment \"default/empty:http\" }",
+		"ip saddr != { 198.19.0.0/17 } jump mark-for-masquerade",
+		"numgen random mod 100 < 10 goto ep-",
+		"ip saddr != { 198.19.0.0/17 } jump mark-for-masquerade comment \"default/web:http\"\nadd rule ip steelyard svc-",
+		"meta l4proto tcp dnat to 198.19.1.3:8080",
+		"ip saddr 198.19.1.2 jump mark-for-masquerade",
+	} {
+		if !strings.Contains(dump, want) {
+			t.Errorf("dump lacks %q", want)
+		}
+	}
+	if strings.Contains(dump, "198.19.1.4") {
+		t.Errorf("weight-0 endpoint rendered:\n%s", dump)
+	}
+	if t.Failed() {
+		t.Log(dump)
+	}
+}
+
+func TestPartialSyncWritesOnlyTheChange(t *testing.T) {
+	p, nft := newTest(t, 4)
+	a := svcPort("a", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2", 8080, 1), be("198.19.1.3", 8080, 1))
+	b := svcPort("b", "198.18.0.12", 80, dataplane.TCP, be("198.19.1.4", 8080, 1), be("198.19.1.5", 8080, 1))
+	if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{a, b}}, true); err != nil {
+		t.Fatal(err)
+	}
+	// b changes: one endpoint replaced, weights 1:3.
+	b2 := svcPort("b", "198.18.0.12", 80, dataplane.TCP, be("198.19.1.4", 8080, 1), be("198.19.1.6", 8080, 3))
+	var ops []string
+	spy := &spyNFT{Interface: nft, onRun: func(tx *knftables.Transaction) { ops = strings.Split(tx.String(), "\n") }}
+	p.nft = spy
+	if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{a, b2}}, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range ops {
+		if strings.Contains(op, "default/a") || strings.Contains(op, "198.19.1.2") || strings.Contains(op, "198.18.0.10") {
+			t.Errorf("partial sync touched Service a: %s", op)
+		}
+		if strings.HasPrefix(op, "flush chain") && !strings.Contains(op, "/b/") && !strings.Contains(op, "default/b") {
+			t.Errorf("partial sync flushed %s", op)
+		}
+	}
+	got := sharesOf(t, p)
+	if got["default/b:http"]["198.19.1.6:8080"] != 75 || got["default/a:http"]["198.19.1.2:8080"] != 50 {
+		t.Errorf("shares %v", got)
+	}
+	if _, ok := got["default/b:http"]["198.19.1.5:8080"]; ok {
+		t.Errorf("removed endpoint still served: %v", got)
+	}
+	chains, _ := p.nft.List(t.Context(), "chains")
+	for _, c := range chains {
+		if strings.Contains(c, "198.19.1.5") {
+			t.Errorf("stale endpoint chain %s left", c)
+		}
+	}
+	// b goes away, a loses its endpoints: reject.
+	a2 := svcPort("a", "198.18.0.10", 80, dataplane.TCP)
+	if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{a2}}, false); err != nil {
+		t.Fatal(err)
+	}
+	got = sharesOf(t, p)
+	if len(got) != 1 || got["default/a:http"]["reject"] != 1 {
+		t.Errorf("after removal: %v", got)
+	}
+	chains, _ = p.nft.List(t.Context(), "chains")
+	for _, c := range chains {
+		if strings.HasPrefix(c, svcPrefix) || strings.HasPrefix(c, epPrefix) {
+			t.Errorf("stale chain %s left", c)
+		}
+	}
+}
+
+type spyNFT struct {
+	knftables.Interface
+	onRun func(*knftables.Transaction)
+}
+
+func (s *spyNFT) Run(ctx context.Context, tx *knftables.Transaction) error {
+	s.onRun(tx)
+	return s.Interface.Run(ctx, tx)
+}
+
+func TestFullSyncRemovesStaleChains(t *testing.T) {
+	p, nft := newTest(t, 4)
+	a := svcPort("a", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2", 8080, 1))
+	b := svcPort("b", "198.18.0.12", 80, dataplane.TCP, be("198.19.1.4", 8080, 1))
+	if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{a, b}}, true); err != nil {
+		t.Fatal(err)
+	}
+	// A restarted agent knows nothing of what was applied.
+	p2 := NewProxier(nft, p.cfg)
+	p2.textRules = p.textRules
+	if err := p2.Sync(dataplane.State{Services: []dataplane.ServicePort{a}}, true); err != nil {
+		t.Fatal(err)
+	}
+	chains, _ := nft.List(t.Context(), "chains")
+	n := 0
+	for _, c := range chains {
+		if strings.Contains(c, "/b/") || strings.Contains(c, "198.19.1.4") {
+			t.Errorf("stale chain %s left", c)
+		}
+		if strings.HasPrefix(c, svcPrefix) || strings.HasPrefix(c, epPrefix) {
+			n++
+		}
+	}
+	if n != 2 {
+		t.Errorf("%d Service/endpoint chains, want 2: %v", n, chains)
+	}
+	if got := sharesOf(t, p2); len(got) != 1 {
+		t.Errorf("views %v", got)
+	}
+}
+
+func TestCleanupLeavesOtherTablesAlone(t *testing.T) {
+	p, nft := newTest(t, 4)
+	real := os.Getenv("STEELYARD_NFT_REAL") == "1"
+	if real {
+		// A neighbour table in the same (throwaway) network namespace.
+		if out, err := exec.Command("nft", "add table ip neighbour; add chain ip neighbour c; add rule ip neighbour c counter").CombinedOutput(); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		defer exec.Command("nft", "delete table ip neighbour").Run()
+	}
+	if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{svcPort("a", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2", 8080, 1))}}, true); err != nil {
+		t.Fatal(err)
+	}
+	var ops string
+	p.nft = &spyNFT{Interface: nft, onRun: func(tx *knftables.Transaction) { ops = tx.String() }}
+	if err := p.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(ops) != "delete table ip steelyard" {
+		t.Errorf("cleanup ran %q", ops)
+	}
+	if chains, err := nft.List(t.Context(), "chains"); !knftables.IsNotFound(err) {
+		t.Errorf("table left: %v %v", chains, err)
+	}
+	if real {
+		if out, err := exec.Command("nft", "list table ip neighbour").CombinedOutput(); err != nil || !strings.Contains(string(out), "counter") {
+			t.Errorf("neighbour table: %v %s", err, out)
+		}
+	}
+	if err := p.Cleanup(); err != nil {
+		t.Errorf("second cleanup: %v", err)
+	}
+}
+
+func TestIPv6(t *testing.T) {
+	p, _ := newTest(t, 6)
+	sp := svcPort("v6", "2001:2::10", 80, dataplane.TCP, be("2001:2:0:1::2", 8080, 10), be("2001:2:0:1::3", 8080, 90))
+	if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{sp}}, true); err != nil {
+		t.Fatal(err)
+	}
+	got := sharesOf(t, p)["default/v6:http"]
+	if got["[2001:2:0:1::2]:8080"] != 10 || got["[2001:2:0:1::3]:8080"] != 90 {
+		t.Errorf("shares %v", got)
+	}
+}
+
+func TestUnsupportedFeaturesWarnOnce(t *testing.T) {
+	if os.Getenv("STEELYARD_NFT_REAL") == "1" {
+		t.Skip("fake only")
+	}
+	hook := logtest.NewLocal(log.Logger)
+	p, _ := newTest(t, 4)
+	sp := svcPort("np", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2", 8080, 1))
+	sp.NodePort, sp.AffinitySeconds = 30080, 10
+	plain := svcPort("plain", "198.18.0.11", 80, dataplane.TCP, be("198.19.1.3", 8080, 1))
+	s := dataplane.State{Services: []dataplane.ServicePort{sp, plain}}
+	for range 3 {
+		if err := p.Sync(s, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var warns []string
+	for _, e := range hook.AllEntries() {
+		if e.Level == logrus.WarnLevel {
+			warns = append(warns, fmt.Sprint(e.Data["service"], " ", e.Data["unsupported"]))
+		}
+	}
+	if len(warns) != 1 || warns[0] != "default/np:http nodePort, sessionAffinity" {
+		t.Errorf("warnings %q, want one for default/np:http naming nodePort and sessionAffinity", warns)
+	}
+	// The clusterIP is served anyway.
+	if got := sharesOf(t, p)["default/np:http"]; got["198.19.1.2:8080"] != 100 {
+		t.Errorf("shares %v", got)
+	}
+}
