@@ -9,6 +9,7 @@ command -v iptables-nft-restore >/dev/null 2>&1 || need+=(iptables)
 command -v iptables-legacy-restore >/dev/null 2>&1 || need+=(iptables)
 command -v conntrack >/dev/null 2>&1 || need+=(conntrack)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || need+=(nftables)
 # nginx for the L7 Ingress layer (steelyard runs it as its own child, never as a service).
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
 # `--packages P...`: install exactly P... (if any) with the apt logic below,

@@ -11,6 +11,7 @@ import (
 	"github.com/steelyard-net/steelyard/controller"
 	"github.com/steelyard-net/steelyard/dataplane"
 	"github.com/steelyard-net/steelyard/dataplane/iptables"
+	"github.com/steelyard-net/steelyard/dataplane/nftables"
 )
 
 func newExplainCommand() *cobra.Command {
@@ -120,8 +121,15 @@ func newCleanupCommand() *cobra.Command {
 			if dp.mode == "ipvs" {
 				return cleanupIPVS(dp.iptablesMode)
 			}
+			if dp.mode == "nftables" {
+				d, err := nftables.NewDualStackKernel(nftables.Config{})
+				if err != nil {
+					return err
+				}
+				return d.Cleanup()
+			}
 			if dp.mode != "iptables" {
-				return fmt.Errorf("--mode %q: want iptables or ipvs", dp.mode)
+				return fmt.Errorf("--mode %q: want iptables, ipvs or nftables", dp.mode)
 			}
 			modes := []iptables.Mode{iptables.Mode(dp.iptablesMode)}
 			if dp.iptablesMode == string(iptables.ModeAuto) {

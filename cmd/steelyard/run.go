@@ -29,6 +29,7 @@ import (
 	"github.com/steelyard-net/steelyard/dataplane/conntrack"
 	"github.com/steelyard-net/steelyard/dataplane/iptables"
 	"github.com/steelyard-net/steelyard/dataplane/ipvs"
+	"github.com/steelyard-net/steelyard/dataplane/nftables"
 )
 
 var log = logrus.WithField("subsys", "main")
@@ -47,7 +48,7 @@ type dataplaneFlags struct {
 }
 
 func (f *dataplaneFlags) register(cmd *cobra.Command, withConfig bool) {
-	cmd.Flags().StringVar(&f.mode, "mode", "iptables", "dataplane: iptables or ipvs")
+	cmd.Flags().StringVar(&f.mode, "mode", "iptables", "dataplane: iptables, ipvs or nftables")
 	cmd.Flags().StringVar(&f.iptablesMode, "iptables-mode", "auto", "iptables flavour: auto (the one the host uses), nft or legacy")
 	if withConfig {
 		cmd.Flags().StringSliceVar(&f.clusterCIDRs, "cluster-cidr", nil, "pod CIDRs; new connections to a VIP from outside them are masqueraded")
@@ -74,8 +75,14 @@ func (f *dataplaneFlags) open() (dataplane.Dataplane, error) {
 		return openIPTables(ipt, mode, cfg), nil
 	case "ipvs":
 		return f.openIPVS()
+	case "nftables":
+		cidrs, err := f.masquerade()
+		if err != nil {
+			return nil, err
+		}
+		return nftables.NewDualStackKernel(nftables.Config{ClusterCIDRs: cidrs, MasqueradeAll: f.masqueradeAll, MasqueradeBit: f.masqueradeBit})
 	default:
-		return nil, fmt.Errorf("--mode %q: want iptables or ipvs", f.mode)
+		return nil, fmt.Errorf("--mode %q: want iptables, ipvs or nftables", f.mode)
 	}
 }
 
