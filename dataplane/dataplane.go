@@ -1,5 +1,7 @@
 package dataplane
 
+import "fmt"
+
 // Dataplane programs a desired State into the kernel of the network namespace
 // it runs in, and reads the kernel back for the operator CLI.
 //
@@ -16,4 +18,25 @@ type Dataplane interface {
 	Explain() ([]ServiceView, error)
 	// Cleanup removes everything steelyard created and nothing else.
 	Cleanup() error
+}
+
+// Explainer is the read side of a Dataplane: one IP family's proxier.
+type Explainer interface {
+	Explain() ([]ServiceView, error)
+}
+
+// ExplainFamilies merges the views of the IPv4 and IPv6 halves of a
+// dual-stack dataplane, sorted; v6 may be nil (IPv4 only).
+func ExplainFamilies(v4, v6 Explainer) ([]ServiceView, error) {
+	views, err := v4.Explain()
+	if err != nil || v6 == nil {
+		return views, err
+	}
+	more, err := v6.Explain()
+	if err != nil {
+		return nil, fmt.Errorf("IPv6: %w", err)
+	}
+	views = append(views, more...)
+	SortViews(views)
+	return views, nil
 }

@@ -86,17 +86,10 @@ func (d *DualStack) Sync(s dataplane.State, full bool) error {
 
 // Explain implements dataplane.Dataplane: the views of both families.
 func (d *DualStack) Explain() ([]dataplane.ServiceView, error) {
-	views, err := d.V4.Explain()
-	if err != nil || d.V6 == nil {
-		return views, err
+	if d.V6 == nil { // a nil *Proxier must not become a non-nil interface
+		return dataplane.ExplainFamilies(d.V4, nil)
 	}
-	v6, err := d.V6.Explain()
-	if err != nil {
-		return nil, fmt.Errorf("IPv6: %w", err)
-	}
-	views = append(views, v6...)
-	dataplane.SortViews(views)
-	return views, nil
+	return dataplane.ExplainFamilies(d.V4, d.V6)
 }
 
 // Cleanup implements dataplane.Dataplane: both families' virtual servers,

@@ -60,17 +60,7 @@ func (d *DualStack) LastSyncFull() bool { return d.V4.LastSyncFull() || d.V6.Las
 
 // Explain implements dataplane.Dataplane: the views of both tables.
 func (d *DualStack) Explain() ([]dataplane.ServiceView, error) {
-	views, err := d.V4.Explain()
-	if err != nil {
-		return nil, err
-	}
-	v6, err := d.V6.Explain()
-	if err != nil {
-		return nil, fmt.Errorf("IPv6: %w", err)
-	}
-	views = append(views, v6...)
-	dataplane.SortViews(views)
-	return views, nil
+	return dataplane.ExplainFamilies(d.V4, d.V6)
 }
 
 // Cleanup implements dataplane.Dataplane: both tables are deleted.
