@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build (once) and cache the binaries of a real control plane for tests and
-# benchmarks: kube-apiserver, kubectl and kube-proxy from k8s.io/kubernetes,
+# benchmarks: kube-apiserver, kubectl, kube-proxy, kube-controller-manager,
+# kube-scheduler and kubelet from k8s.io/kubernetes,
 # and etcd. Everything comes from source through the Go module proxy, using
 # the wrapper modules beside this script (k8s/ and etcd/), whose go.mod pins
 # the versions. No prebuilt binaries are downloaded.
@@ -74,7 +75,10 @@ reports() {
 k8s_ok() {
 	reports "$k8s_bin/kube-apiserver" "$k8s_version" --version &&
 		reports "$k8s_bin/kube-proxy" "$k8s_version" --version &&
-		reports "$k8s_bin/kubectl" "$k8s_version" version --client
+		reports "$k8s_bin/kubectl" "$k8s_version" version --client &&
+		reports "$k8s_bin/kube-controller-manager" "$k8s_version" --version &&
+		reports "$k8s_bin/kube-scheduler" "$k8s_version" --version &&
+		reports "$k8s_bin/kubelet" "$k8s_version" --version
 }
 
 etcd_ok() {
@@ -118,12 +122,13 @@ if $force || ! etcd_ok; then
 fi
 
 if $force || ! k8s_ok; then
-	log "building kube-apiserver, kubectl, kube-proxy $k8s_version into $k8s_bin (cold: about 8-10 min)"
+	log "building kube-apiserver, kubectl, kube-proxy, kube-controller-manager, kube-scheduler, kubelet $k8s_version into $k8s_bin (cold: about 8-10 min)"
 	start=$SECONDS
 	v=k8s.io/component-base/version
 	build_into "$k8s_bin" "$here/k8s" \
 		"-s -w -X $v.gitVersion=$k8s_version -X $v.gitMajor=$k8s_major -X $v.gitMinor=$k8s_minor -X $v.gitTreeState=clean" "" \
-		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kube-proxy
+		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kube-proxy \
+		k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet
 	k8s_ok || {
 		echo "build.sh: the binaries in $k8s_bin do not report $k8s_version" >&2
 		exit 1
