@@ -2,11 +2,13 @@ package controller
 
 import (
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
 
@@ -49,6 +51,10 @@ type Agent struct {
 	// Conntrack, when set, deletes the UDP conntrack entries that a sync
 	// leaves pointing at endpoints that left (see StaleFlows); nil: off.
 	Conntrack ConntrackCleaner
+	// Requeue, when set, asks for a sync (the runner's Trigger). The agent
+	// calls it once a sync's RequeueAfter has passed (IPVS destinations
+	// draining), so no dataplane needs to know the runner.
+	Requeue func()
 
 	lastFull      time.Time
 	retryTriggers []time.Time
@@ -58,13 +64,10 @@ type Agent struct {
 	// applied is the last State a Sync applied (for Conntrack), nil
 	// before the first successful sync.
 	applied *dataplane.State
-}
-
-// fullReporter is a dataplane that may turn a partial Sync into a full one
-// (the iptables one does when its canary rule is gone) and tells, so that
-// logs, metrics and the next full sync's time count it as full.
-type fullReporter interface {
-	LastSyncFull() bool
+	// requeue is the pending Requeue call, if any (under requeueMu: it
+	// fires on its own goroutine).
+	requeueMu sync.Mutex
+	requeue   bool
 }
 
 // ErrSync marks a sync that failed in the dataplane.
@@ -109,7 +112,12 @@ func (a *Agent) Sync() error {
 	}
 
 	full := a.lastFull.IsZero() || clk.Since(a.lastFull) >= a.FullSyncPeriod
-	if err := a.Dataplane.Sync(state, full); err != nil {
+	req := dataplane.SyncRequest{Full: full}
+	if a.Tracker != nil {
+		req.Changed = changedServices(drained, svcs)
+	}
+	res, err := a.Dataplane.Sync(state, req)
+	if err != nil {
 		// The dataplane kept its previous state; the runner retries and the
 		// next attempt is a full sync.
 		a.lastFull = time.Time{}
@@ -122,12 +130,13 @@ func (a *Agent) Sync() error {
 		agentLog.WithError(err).Error("sync failed")
 		return errors.Join(ErrSync, err)
 	}
-	if r, ok := a.Dataplane.(fullReporter); ok && r.LastSyncFull() {
+	if res.Full {
 		full = true // the dataplane went full on its own (tables flushed)
 	}
 	if full {
 		a.lastFull = start
 	}
+	a.scheduleRequeue(clk, res.RequeueAfter)
 	a.cleanConntrack(state)
 	a.observe(state, drained, full, start, len(problems)+len(errs))
 	fields := logrus.Fields{"full": full, "services": len(state.Services), "took": clk.Since(start).Round(time.Microsecond).String()}
@@ -136,6 +145,66 @@ func (a *Agent) Sync() error {
 	}
 	agentLog.WithFields(fields).Info("synced")
 	return nil
+}
+
+// changedServices returns the Services whose ports may differ from the
+// last sync's: those the tracker saw change, and those that split their
+// traffic across one of them (their backends are the named Services'). A
+// split annotation that does not parse keeps its last valid value in the
+// Builder, which names Services we cannot read here: such a Service counts
+// as changed whenever anything changed.
+func changedServices(drained Drained, svcs []*corev1.Service) map[dataplane.ServiceName]bool {
+	out := make(map[dataplane.ServiceName]bool, len(drained.Services))
+	for n := range drained.Services {
+		out[dataplane.ServiceName{Namespace: n.Namespace, Name: n.Name}] = true
+	}
+	if len(out) == 0 {
+		return out
+	}
+	for _, svc := range svcs {
+		v, ok := svc.Annotations[AnnotationSplit]
+		if !ok {
+			continue
+		}
+		name := dataplane.ServiceName{Namespace: svc.Namespace, Name: svc.Name}
+		parts, err := ParseSplit(v)
+		if err != nil {
+			out[name] = true
+			continue
+		}
+		for _, p := range parts {
+			if drained.Services[types.NamespacedName{Namespace: svc.Namespace, Name: p.Service}] {
+				out[name] = true
+				break
+			}
+		}
+	}
+	return out
+}
+
+// scheduleRequeue calls Requeue after d (when positive), once: a pending
+// call is kept.
+func (a *Agent) scheduleRequeue(clk clock.Clock, d time.Duration) {
+	if a.Requeue == nil || d <= 0 {
+		return
+	}
+	a.requeueMu.Lock()
+	defer a.requeueMu.Unlock()
+	if a.requeue {
+		return
+	}
+	a.requeue = true
+	fire := func() {
+		a.requeueMu.Lock()
+		a.requeue = false
+		a.requeueMu.Unlock()
+		a.Requeue()
+	}
+	if dc, ok := clk.(clock.WithDelayedExecution); ok {
+		dc.AfterFunc(d, fire)
+	} else {
+		time.AfterFunc(d, fire)
+	}
 }
 
 func errorStrings(errs []error) []string {

@@ -3,6 +3,7 @@ package controller
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -88,12 +89,12 @@ type failingDataplane struct {
 	fail  bool
 }
 
-func (d *failingDataplane) Sync(_ dataplane.State, full bool) error {
-	d.fulls = append(d.fulls, full)
+func (d *failingDataplane) Sync(_ dataplane.State, req dataplane.SyncRequest) (dataplane.SyncResult, error) {
+	d.fulls = append(d.fulls, req.Full)
 	if d.fail {
-		return errors.New("restore failed")
+		return dataplane.SyncResult{}, errors.New("restore failed")
 	}
-	return nil
+	return dataplane.SyncResult{Full: req.Full}, nil
 }
 
 func TestAgentFullSyncPeriodAndAfterFailure(t *testing.T) {
@@ -149,18 +150,17 @@ func TestAgentRecordsInvalidWeightsEventOnce(t *testing.T) {
 // zero FullSyncPeriod falls back to SyncPeriod (the old single period).
 func TestAgentPeriodicSyncsArePartial(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		a    Agent
-		want []bool // at 0, +30s, +30m, +60m, +61m
+		name   string
+		period time.Duration
+		want   []bool // at 0, +30s, +30m, +60m, +61m
 	}{
-		{"full every hour", Agent{FullSyncPeriod: time.Hour}, []bool{true, false, false, true, false}},
-		{"zero: every sync full", Agent{}, []bool{true, true, true, true, true}},
+		{"full every hour", time.Hour, []bool{true, false, false, true, false}},
+		{"zero: every sync full", 0, []bool{true, true, true, true, true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 			d := &failingDataplane{}
-			a := tc.a
-			a.Source, a.Builder, a.Dataplane, a.Clock = &staticSource{}, NewBuilder(), d, clk
+			a := &Agent{FullSyncPeriod: tc.period, Source: &staticSource{}, Builder: NewBuilder(), Dataplane: d, Clock: clk}
 			start := clk.Now()
 			for _, at := range []time.Duration{0, 30 * time.Second, 30 * time.Minute, time.Hour, 61 * time.Minute} {
 				clk.SetTime(start.Add(at))
@@ -246,5 +246,43 @@ func TestAgentRepairsFlushAtOnceAndHandEditsAtFullSync(t *testing.T) {
 	sync(15 * time.Second)
 	if !p.LastSync.Full {
 		t.Errorf("no full sync an hour after the canary-forced one")
+	}
+}
+
+// The agent runs behind the health-check wrapper in production: a sync the
+// dataplane turned full on its own (canary gone) must still be counted,
+// timed and logged as full through the wrapper (issue 11: it was hidden).
+func TestAgentSeesFullSyncThroughHealthChecks(t *testing.T) {
+	web := makeService("demo", "web", func(s *corev1.Service) { s.Spec.ClusterIP = "198.18.0.10" })
+	src := &staticSource{
+		svcs:   []*corev1.Service{web},
+		slices: []*discoveryv1.EndpointSlice{makeSlice("demo", "web", "web-a", []discoveryv1.Endpoint{endpoint("198.19.1.2", "web-1", condReady)}, nil)},
+	}
+	f := iptables.NewFake()
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	m := NewMetrics()
+	hc := NewHealthChecks(iptables.NewProxier(f, iptables.Config{}), netip.MustParseAddr("127.0.0.1"))
+	defer hc.Close()
+	a := &Agent{Source: src, Builder: NewBuilder(), Dataplane: hc, FullSyncPeriod: time.Hour, Clock: clk, Metrics: m}
+	sync := func(after time.Duration) {
+		t.Helper()
+		clk.Step(after)
+		if err := a.Sync(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sync(0)                // first: full
+	sync(30 * time.Second) // partial
+	f.FlushTable(iptables.TableNAT)
+	f.FlushTable(iptables.TableFilter)
+	sync(30 * time.Second) // asked partial, the canary makes it full
+	_, body := get(t, m.Handler(), "/metrics")
+	for _, want := range []string{
+		"steelyard_sync_full_proxy_rules_duration_seconds_count 2",
+		"steelyard_sync_partial_proxy_rules_duration_seconds_count 1",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %q", want)
+		}
 	}
 }

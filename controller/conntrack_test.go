@@ -333,11 +333,11 @@ type flakyDataplane struct {
 	fail bool
 }
 
-func (d *flakyDataplane) Sync(dataplane.State, bool) error {
+func (d *flakyDataplane) Sync(dataplane.State, dataplane.SyncRequest) (dataplane.SyncResult, error) {
 	if d.fail {
-		return errors.New("iptables-restore: exit status 1")
+		return dataplane.SyncResult{}, errors.New("iptables-restore: exit status 1")
 	}
-	return nil
+	return dataplane.SyncResult{}, nil
 }
 func (d *flakyDataplane) Explain() ([]dataplane.ServiceView, error) { return nil, nil }
 func (d *flakyDataplane) Cleanup() error                            { return nil }

@@ -53,12 +53,15 @@ func NewHealthChecks(d dataplane.Dataplane, bindIP netip.Addr) *HealthChecks {
 // Sync applies s to the wrapped dataplane, then updates the health servers.
 // A port that cannot be opened is logged and retried on the next Sync; it
 // never fails the Sync (the rules are what matters most).
-func (h *HealthChecks) Sync(s dataplane.State, full bool) error {
-	if err := h.Dataplane.Sync(s, full); err != nil {
-		return err
+// The wrapped dataplane's result is passed on as it is: whether the Sync
+// was full, when to sync again.
+func (h *HealthChecks) Sync(s dataplane.State, req dataplane.SyncRequest) (dataplane.SyncResult, error) {
+	res, err := h.Dataplane.Sync(s, req)
+	if err != nil {
+		return res, err
 	}
 	h.Update(s)
-	return nil
+	return res, nil
 }
 
 // HealthCheckCounts returns, per healthCheckNodePort of s, the Service and

@@ -15,7 +15,10 @@ import (
 // nopDataplane accepts every State.
 type nopDataplane struct{ syncs int }
 
-func (n *nopDataplane) Sync(dataplane.State, bool) error          { n.syncs++; return nil }
+func (n *nopDataplane) Sync(dataplane.State, dataplane.SyncRequest) (dataplane.SyncResult, error) {
+	n.syncs++
+	return dataplane.SyncResult{}, nil
+}
 func (n *nopDataplane) Explain() ([]dataplane.ServiceView, error) { return nil, nil }
 func (n *nopDataplane) Cleanup() error                            { return nil }
 
@@ -65,7 +68,7 @@ func TestHealthCheckNodePorts(t *testing.T) {
 	inner := &nopDataplane{}
 	h := NewHealthChecks(inner, netip.MustParseAddr("127.0.0.1"))
 	defer h.Close()
-	if err := h.Sync(dataplane.State{Services: []dataplane.ServicePort{sp, sp2}}, true); err != nil {
+	if _, err := h.Sync(dataplane.State{Services: []dataplane.ServicePort{sp, sp2}}, dataplane.FullSync); err != nil {
 		t.Fatal(err)
 	}
 	code, body := getHealth(t, port)
@@ -75,13 +78,13 @@ func TestHealthCheckNodePorts(t *testing.T) {
 	for i := range sp.Backends {
 		sp.Backends[i].Local = false
 	}
-	if err := h.Sync(dataplane.State{Services: []dataplane.ServicePort{sp}}, false); err != nil {
+	if _, err := h.Sync(dataplane.State{Services: []dataplane.ServicePort{sp}}, dataplane.PartialSync); err != nil {
 		t.Fatal(err)
 	}
 	if code, body := getHealth(t, port); code != http.StatusServiceUnavailable || body.LocalEndpoints != 0 {
 		t.Errorf("with no local endpoint: %d %+v", code, body)
 	}
-	if err := h.Sync(dataplane.State{}, false); err != nil {
+	if _, err := h.Sync(dataplane.State{}, dataplane.PartialSync); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := http.Get("http://127.0.0.1:" + strconv.Itoa(int(port)) + "/"); err == nil {

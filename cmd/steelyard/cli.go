@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os/exec"
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
@@ -10,8 +9,6 @@ import (
 
 	"github.com/steelyard-net/steelyard/controller"
 	"github.com/steelyard-net/steelyard/dataplane"
-	"github.com/steelyard-net/steelyard/dataplane/iptables"
-	"github.com/steelyard-net/steelyard/dataplane/nftables"
 )
 
 func newExplainCommand() *cobra.Command {
@@ -24,7 +21,7 @@ func newExplainCommand() *cobra.Command {
 		Short: "Show, from the live kernel, which backends each VIP reaches and with what share",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			d, err := dp.open()
+			d, err := dp.open(nil)
 			if err != nil {
 				return err
 			}
@@ -76,7 +73,7 @@ func newVerifyCommand() *cobra.Command {
 				}
 				source = "the API server"
 			}
-			d, err := dp.open()
+			d, err := dp.open(nil)
 			if err != nil {
 				return err
 			}
@@ -118,46 +115,11 @@ func newCleanupCommand() *cobra.Command {
 		Short: "Remove everything steelyard created in the kernel, and nothing else",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if dp.mode == "ipvs" {
-				return cleanupIPVS(dp.iptablesMode)
+			m, err := lookupMode(dp.mode)
+			if err != nil {
+				return err
 			}
-			if dp.mode == "nftables" {
-				d, err := nftables.NewDualStackKernel(nftables.Config{})
-				if err != nil {
-					return err
-				}
-				return d.Cleanup()
-			}
-			if dp.mode != "iptables" {
-				return fmt.Errorf("--mode %q: want iptables, ipvs or nftables", dp.mode)
-			}
-			modes := []iptables.Mode{iptables.Mode(dp.iptablesMode)}
-			if dp.iptablesMode == string(iptables.ModeAuto) {
-				// Clean both flavours: rules left in the other one would
-				// still steer traffic.
-				modes = nil
-				for _, m := range []iptables.Mode{iptables.ModeNFT, iptables.ModeLegacy} {
-					if _, err := exec.LookPath("iptables-" + string(m)); err == nil {
-						modes = append(modes, m)
-					}
-				}
-				if len(modes) == 0 {
-					modes = []iptables.Mode{iptables.ModeAuto}
-				}
-			}
-			for _, m := range modes {
-				ipt, _, err := iptables.New(m)
-				if err != nil {
-					return err
-				}
-				if err := iptables.NewProxier(ipt, iptables.Config{}).Cleanup(); err != nil {
-					return fmt.Errorf("cleanup (%s): %w", m, err)
-				}
-				if err := cleanupIPv6(m); err != nil {
-					return fmt.Errorf("cleanup IPv6 (%s): %w", m, err)
-				}
-			}
-			return nil
+			return m.cleanup(&dp)
 		},
 	}
 	dp.register(cmd, false)

@@ -12,37 +12,7 @@ import (
 
 	"github.com/steelyard-net/steelyard/controller"
 	"github.com/steelyard-net/steelyard/dataplane"
-	"github.com/steelyard-net/steelyard/dataplane/iptables"
-	"github.com/steelyard-net/steelyard/dataplane/ipvs"
 )
-
-// openIPTables returns the iptables dataplane for both IP families: the
-// IPv4 tables always, the IPv6 ones when ip6tables works on this node
-// (a kernel without IPv6 leaves steelyard IPv4-only, with a log line).
-func openIPTables(ipt iptables.Interface, mode iptables.Mode, cfg iptables.Config) dataplane.Dataplane {
-	ipt6, err := iptables.New6(mode)
-	if err == nil {
-		_, err = ipt6.SaveAll()
-	}
-	if err != nil {
-		log.WithError(err).Info("ip6tables unusable: IPv4 only")
-		ipt6 = nil
-	}
-	return iptables.NewDualStack(ipt, ipt6, cfg)
-}
-
-// cleanupIPv6 removes steelyard's ip6tables chains in mode, if that
-// flavour of ip6tables works here.
-func cleanupIPv6(mode iptables.Mode) error {
-	ipt6, err := iptables.New6(mode)
-	if err == nil {
-		_, err = ipt6.SaveAll()
-	}
-	if err != nil {
-		return nil // no IPv6 tables: nothing of ours there
-	}
-	return iptables.NewProxier(ipt6, iptables.Config{Family: 6}).Cleanup()
-}
 
 // nodeFlags tell the agent and verify about this node: its zone (topology)
 // and the addresses node ports are open on.
@@ -62,7 +32,7 @@ func (f *nodeFlags) register(cmd *cobra.Command, withAddresses bool) {
 // builder returns the Builder for this node: local endpoints by nodeName,
 // the zone from the flag (or the Node, in cluster mode), and IPv6 when the
 // dataplane programs it.
-func (f *nodeFlags) builder(ctx context.Context, d dataplane.Dataplane, kubeconfig, manifests, nodeName string) (*controller.Builder, []netip.Addr) {
+func (f *nodeFlags) builder(ctx context.Context, d *dataplane.DualStack, kubeconfig, manifests, nodeName string) (*controller.Builder, []netip.Addr) {
 	b := controller.NewBuilder()
 	b.NodeName, b.Zone = nodeName, f.zone
 	var primary []netip.Addr
@@ -78,24 +48,17 @@ func (f *nodeFlags) builder(ctx context.Context, d dataplane.Dataplane, kubeconf
 			primary = addrs
 		}
 	}
-	if ds, ok := unwrap(d).(*iptables.DualStack); ok && ds.V6 != nil || ipvsIPv6(unwrap(d)) {
+	if d.IPv6() {
 		b.EnableIPv6()
 	}
 	return b, primary
 }
 
-// unwrap returns the dataplane under the health-check wrapper.
-func unwrap(d dataplane.Dataplane) dataplane.Dataplane {
-	if h, ok := d.(*controller.HealthChecks); ok {
-		return h.Dataplane
-	}
-	return d
-}
-
 // setupParity wires the kube-proxy parity features into the agent: the
-// Builder's node facts, the node port addresses, IPv6 forwarding, and the
-// healthCheckNodePort servers.
-func (f *nodeFlags) setupParity(ctx context.Context, agent *controller.Agent, kubeconfig, manifests, nodeName string) error {
+// Builder's node facts and IP families, the node port addresses (into
+// addrs, which d reads at each Sync), IPv6 forwarding, and the
+// healthCheckNodePort servers, whose wrapper becomes agent.Dataplane.
+func (f *nodeFlags) setupParity(ctx context.Context, agent *controller.Agent, d *dataplane.DualStack, addrs *nodeAddressSource, kubeconfig, manifests, nodeName string) error {
 	var cidrs []netip.Prefix
 	for _, c := range f.nodePortAddresses {
 		if c == "" {
@@ -107,27 +70,17 @@ func (f *nodeFlags) setupParity(ctx context.Context, agent *controller.Agent, ku
 		}
 		cidrs = append(cidrs, p.Masked())
 	}
-	b, primary := f.builder(ctx, agent.Dataplane, kubeconfig, manifests, nodeName)
+	b, primary := f.builder(ctx, d, kubeconfig, manifests, nodeName)
 	agent.Builder.NodeName, agent.Builder.Zone = b.NodeName, b.Zone
-	addrs := func() []netip.Addr { return nodePortAddresses(cidrs, primary) }
-	if ds, ok := agent.Dataplane.(*iptables.DualStack); ok {
-		ds.V4.NodeAddresses = addrs
-		if ds.V6 != nil {
-			agent.Builder.EnableIPv6()
-			ds.V6.NodeAddresses = addrs
-			if err := dataplane.SetSysctl("net.ipv6.conf.all.forwarding", "1"); err != nil {
-				log.WithError(err).Warn("cannot turn on IPv6 forwarding")
-			}
+	addrs.set(func() []netip.Addr { return nodePortAddresses(cidrs, primary) })
+	if d.IPv6() {
+		agent.Builder.EnableIPv6()
+		if err := setIPv6Forwarding(); err != nil {
+			log.WithError(err).Warn("cannot turn on IPv6 forwarding")
 		}
 	}
-	if p, ok := agent.Dataplane.(*ipvs.DualStack); ok {
-		p.SetNodeAddresses(addrs) // one virtual service per address and node port
-		if p.V6 != nil {
-			agent.Builder.EnableIPv6()
-		}
-	}
-	log.WithField("addresses", addrs()).WithField("zone", b.Zone).Info("node ports and topology")
-	hc := controller.NewHealthChecks(agent.Dataplane, netip.Addr{})
+	log.WithField("addresses", addrs.get()).WithField("zone", b.Zone).Info("node ports and topology")
+	hc := controller.NewHealthChecks(d, netip.Addr{})
 	hc.CloseOnDone(ctx)
 	agent.Dataplane = hc
 	return nil
@@ -166,3 +119,7 @@ func nodePortAddresses(cidrs []netip.Prefix, primary []netip.Addr) []netip.Addr 
 	slices.SortFunc(out, func(a, b netip.Addr) int { return a.Compare(b) })
 	return out
 }
+
+// setIPv6Forwarding turns on IPv6 forwarding, which every mode needs for
+// IPv6 Service ports to pods; tests replace it (they run in no namespace).
+var setIPv6Forwarding = func() error { return dataplane.SetSysctl("net.ipv6.conf.all.forwarding", "1") }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"os/signal"
 	"syscall"
@@ -27,9 +26,6 @@ import (
 	"github.com/steelyard-net/steelyard/controller/runner"
 	"github.com/steelyard-net/steelyard/dataplane"
 	"github.com/steelyard-net/steelyard/dataplane/conntrack"
-	"github.com/steelyard-net/steelyard/dataplane/iptables"
-	"github.com/steelyard-net/steelyard/dataplane/ipvs"
-	"github.com/steelyard-net/steelyard/dataplane/nftables"
 )
 
 var log = logrus.WithField("subsys", "main")
@@ -48,62 +44,14 @@ type dataplaneFlags struct {
 }
 
 func (f *dataplaneFlags) register(cmd *cobra.Command, withConfig bool) {
-	cmd.Flags().StringVar(&f.mode, "mode", "iptables", "dataplane: iptables, ipvs or nftables")
+	cmd.Flags().StringVar(&f.mode, "mode", "iptables", "dataplane: "+modeNames())
 	cmd.Flags().StringVar(&f.iptablesMode, "iptables-mode", "auto", "iptables flavour: auto (the one the host uses), nft or legacy")
 	if withConfig {
 		cmd.Flags().StringSliceVar(&f.clusterCIDRs, "cluster-cidr", nil, "pod CIDRs; new connections to a VIP from outside them are masqueraded")
 		cmd.Flags().BoolVar(&f.masqueradeAll, "masquerade-all", false, "masquerade every new connection to a VIP")
-		cmd.Flags().IntVar(&f.masqueradeBit, "masquerade-bit", iptables.DefaultMasqueradeBit, "fwmark bit (0-31) that marks packets for masquerading")
+		cmd.Flags().IntVar(&f.masqueradeBit, "masquerade-bit", dataplane.DefaultMasqueradeBit, "fwmark bit (0-31) that marks packets for masquerading")
 		f.registerIPVS(cmd)
 	}
-}
-
-// open returns the dataplane the flags select.
-func (f *dataplaneFlags) open() (dataplane.Dataplane, error) {
-	switch f.mode {
-	case "iptables":
-		cidrs, err := f.masquerade()
-		if err != nil {
-			return nil, err
-		}
-		cfg := iptables.Config{ClusterCIDRs: cidrs, MasqueradeAll: f.masqueradeAll, MasqueradeBit: f.masqueradeBit}
-		ipt, mode, err := iptables.New(iptables.Mode(f.iptablesMode))
-		if err != nil {
-			return nil, err
-		}
-		log.WithField("iptables", mode).Debug("using iptables")
-		return openIPTables(ipt, mode, cfg), nil
-	case "ipvs":
-		return f.openIPVS()
-	case "nftables":
-		cidrs, err := f.masquerade()
-		if err != nil {
-			return nil, err
-		}
-		return nftables.NewDualStackKernel(nftables.Config{ClusterCIDRs: cidrs, MasqueradeAll: f.masqueradeAll, MasqueradeBit: f.masqueradeBit})
-	default:
-		return nil, fmt.Errorf("--mode %q: want iptables, ipvs or nftables", f.mode)
-	}
-}
-
-// masquerade checks the masquerade flags both dataplanes share and returns
-// the cluster CIDRs.
-func (f *dataplaneFlags) masquerade() ([]netip.Prefix, error) {
-	if f.masqueradeBit < 0 || f.masqueradeBit > 31 {
-		return nil, fmt.Errorf("--masquerade-bit %d: want 0 to 31", f.masqueradeBit)
-	}
-	var cidrs []netip.Prefix
-	for _, c := range f.clusterCIDRs {
-		if c == "" {
-			continue // an empty value from a ConfigMap: none
-		}
-		p, err := netip.ParsePrefix(c)
-		if err != nil {
-			return nil, fmt.Errorf("--cluster-cidr %q: %w", c, err)
-		}
-		cidrs = append(cidrs, p.Masked())
-	}
-	return cidrs, nil
 }
 
 func newRunCommand() *cobra.Command {
@@ -129,7 +77,8 @@ func newRunCommand() *cobra.Command {
 			// Flags are checked (the dataplane opened, which writes
 			// nothing) before the first kernel write: a bad flag changes
 			// nothing.
-			d, err := dp.open()
+			addrs := &nodeAddressSource{}
+			d, err := dp.open(addrs)
 			if err != nil {
 				return err
 			}
@@ -155,13 +104,11 @@ func newRunCommand() *cobra.Command {
 			if err := serve(ctx, "healthz", healthzAddr, "/", health.Handler()); err != nil {
 				return err
 			}
-			if err := node.setupParity(ctx, agent, kubeconfig, manifests, nodeName); err != nil {
+			if err := node.setupParity(ctx, agent, d, addrs, kubeconfig, manifests, nodeName); err != nil {
 				return err
 			}
 			r := runner.New(agent.Sync, minSyncPeriod, syncPeriod, 0, nil)
-			if p, ok := d.(*ipvs.DualStack); ok {
-				p.SetTrigger(r.Trigger) // deletes drained destinations soon after their last connection
-			}
+			agent.Requeue = r.Trigger // a dataplane's RequeueAfter (IPVS draining)
 
 			fields := logrus.Fields{"mode": dp.mode, "version": version, "node": nodeName}
 			if manifests != "" {

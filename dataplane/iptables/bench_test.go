@@ -37,7 +37,7 @@ func BenchmarkRender10kx10(b *testing.B) {
 
 func BenchmarkExplain1kx10(b *testing.B) {
 	f := NewFake()
-	if err := NewProxier(f, testCfg).Sync(benchState(1000, 10), true); err != nil {
+	if _, err := NewProxier(f, testCfg).Sync(benchState(1000, 10), dataplane.FullSync); err != nil {
 		b.Fatal(err)
 	}
 	saved, _ := f.SaveAll()

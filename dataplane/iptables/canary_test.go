@@ -14,12 +14,12 @@ func TestPartialSyncFindsFlushedTablesAndGoesFull(t *testing.T) {
 	state := dataplane.State{Services: []dataplane.ServicePort{web}}
 	f := NewFake()
 	p := NewProxier(f, testCfg)
-	if err := p.Sync(state, true); err != nil {
+	if _, err := p.Sync(state, dataplane.FullSync); err != nil {
 		t.Fatal(err)
 	}
 	// Canary in place: a partial Sync stays partial and writes nothing.
 	restores := f.Restores
-	if err := p.Sync(state, false); err != nil {
+	if _, err := p.Sync(state, dataplane.PartialSync); err != nil {
 		t.Fatal(err)
 	}
 	if st := p.LastSync; st.Full || st.CanaryMissing || f.Restores != restores {
@@ -42,7 +42,7 @@ func TestPartialSyncFindsFlushedTablesAndGoesFull(t *testing.T) {
 			if diff := dataplane.Diff(dataplane.Expected(state), mustViews(t, f)); tc.broken && len(diff) == 0 {
 				t.Fatal("verify would pass after the flush")
 			}
-			if err := p.Sync(state, false); err != nil {
+			if _, err := p.Sync(state, dataplane.PartialSync); err != nil {
 				t.Fatal(err)
 			}
 			if st := p.LastSync; !st.Full || !st.CanaryMissing {
@@ -66,17 +66,17 @@ func TestNATOnlyFlushWaitsForTheFullSync(t *testing.T) {
 	state := dataplane.State{Services: []dataplane.ServicePort{web}}
 	f := NewFake()
 	p := NewProxier(f, testCfg)
-	if err := p.Sync(state, true); err != nil {
+	if _, err := p.Sync(state, dataplane.FullSync); err != nil {
 		t.Fatal(err)
 	}
 	f.FlushTable(TableNAT)
-	if err := p.Sync(state, false); err != nil {
+	if _, err := p.Sync(state, dataplane.PartialSync); err != nil {
 		t.Fatal(err)
 	}
 	if p.LastSync.Full {
 		t.Errorf("a nat-only flush made a partial sync full: %+v", p.LastSync)
 	}
-	if err := p.Sync(state, true); err != nil {
+	if _, err := p.Sync(state, dataplane.FullSync); err != nil {
 		t.Fatal(err)
 	}
 	if diff := dataplane.Diff(dataplane.Expected(state), mustViews(t, f)); len(diff) > 0 {

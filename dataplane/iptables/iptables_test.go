@@ -18,7 +18,7 @@ import (
 	"github.com/steelyard-net/steelyard/dataplane"
 )
 
-var testCfg = Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.19.0.0/17")}}
+var testCfg = Config{Masquerade: dataplane.Masquerade{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.19.0.0/17")}}}
 
 func svcPort(ns, name, port, vip string, vport uint16, proto dataplane.Protocol, backends ...dataplane.Backend) dataplane.ServicePort {
 	return dataplane.ServicePort{
@@ -121,7 +121,7 @@ func syncAndView(t *testing.T, s dataplane.State) (*Fake, map[string]dataplane.S
 	t.Helper()
 	f := NewFake()
 	p := NewProxier(f, testCfg)
-	if err := p.Sync(s, false); err != nil {
+	if _, err := p.Sync(s, dataplane.PartialSync); err != nil {
 		t.Fatalf("sync: %v", err)
 	}
 	return f, viewsByService(t, f)
@@ -251,7 +251,7 @@ func TestPartialSyncWritesOnlyChangedChains(t *testing.T) {
 	api := svcPort("ns", "api", "http", "198.18.0.11", 80, dataplane.TCP, be("198.19.1.4", 80, 1))
 	f := NewFake()
 	p := NewProxier(f, testCfg)
-	if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{web, api}}, false); err != nil {
+	if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{web, api}}, dataplane.PartialSync); err != nil {
 		t.Fatal(err)
 	}
 	if !p.LastSync.Full {
@@ -260,7 +260,7 @@ func TestPartialSyncWritesOnlyChangedChains(t *testing.T) {
 
 	// Nothing changed: nothing is written.
 	restores := f.Restores
-	if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{web, api}}, false); err != nil {
+	if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{web, api}}, dataplane.PartialSync); err != nil {
 		t.Fatal(err)
 	}
 	if f.Restores != restores {
@@ -270,7 +270,7 @@ func TestPartialSyncWritesOnlyChangedChains(t *testing.T) {
 	// One weight changes: only web's Service chain is written.
 	web2 := web
 	web2.Backends = []dataplane.Backend{be("198.19.1.2", 80, 50), be("198.19.1.3", 80, 50)}
-	if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{web2, api}}, false); err != nil {
+	if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{web2, api}}, dataplane.PartialSync); err != nil {
 		t.Fatal(err)
 	}
 	if p.LastSync.Full || p.LastSync.ChainsWritten != 1 || p.LastSync.ChainsDeleted != 0 {
@@ -286,7 +286,7 @@ func TestPartialSyncWritesOnlyChangedChains(t *testing.T) {
 
 	// api goes away: its chains are deleted, STEELYARD-SERVICES rewritten,
 	// and the fake's referential checks passed.
-	if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{web2}}, false); err != nil {
+	if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{web2}}, dataplane.PartialSync); err != nil {
 		t.Fatal(err)
 	}
 	if p.LastSync.ChainsDeleted != 2 {
@@ -303,20 +303,20 @@ func TestFailedSyncKeepsPreviousRulesAndForcesFull(t *testing.T) {
 	web := svcPort("ns", "web", "http", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2", 80, 10), be("198.19.1.3", 80, 90))
 	f := NewFake()
 	p := NewProxier(f, testCfg)
-	if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{web}}, false); err != nil {
+	if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{web}}, dataplane.PartialSync); err != nil {
 		t.Fatal(err)
 	}
 	before := f.Ruleset().String()
 	f.RestoreErr = errors.New("iptables-restore: line 7 failed")
 	web2 := web
 	web2.Backends = []dataplane.Backend{be("198.19.1.2", 80, 1)}
-	if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{web2}}, false); err == nil {
+	if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{web2}}, dataplane.PartialSync); err == nil {
 		t.Fatal("sync succeeded despite the restore failure")
 	}
 	if after := f.Ruleset().String(); after != before {
 		t.Errorf("a failed sync changed the kernel")
 	}
-	if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{web2}}, false); err != nil {
+	if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{web2}}, dataplane.PartialSync); err != nil {
 		t.Fatal(err)
 	}
 	if !p.LastSync.Full {
@@ -333,7 +333,7 @@ func TestFullSyncRepairsHandEditsAndRemovesStrayChains(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := NewProxier(f, testCfg)
-	if err := p.Sync(state, false); err != nil {
+	if _, err := p.Sync(state, dataplane.PartialSync); err != nil {
 		t.Fatal(err)
 	}
 	if f.Ruleset().Chain(TableNAT, "STEELYARD-SVC-LEFTOVER00000") != nil {
@@ -347,11 +347,11 @@ func TestFullSyncRepairsHandEditsAndRemovesStrayChains(t *testing.T) {
 		t.Fatal("verify would pass after a hand edit")
 	}
 	// A partial sync does not notice (nothing changed in the desired state)...
-	if err := p.Sync(state, false); err != nil {
+	if _, err := p.Sync(state, dataplane.PartialSync); err != nil {
 		t.Fatal(err)
 	}
 	// ...the periodic full one repairs it, rewriting only that chain.
-	if err := p.Sync(state, true); err != nil {
+	if _, err := p.Sync(state, dataplane.FullSync); err != nil {
 		t.Fatal(err)
 	}
 	if st := p.LastSync; !st.Full || st.ChainsWritten != 1 || st.ChainsDeleted != 0 {
@@ -359,7 +359,7 @@ func TestFullSyncRepairsHandEditsAndRemovesStrayChains(t *testing.T) {
 	}
 	// A full sync over an intact kernel writes nothing.
 	restores := f.Restores
-	if err := p.Sync(state, true); err != nil {
+	if _, err := p.Sync(state, dataplane.FullSync); err != nil {
 		t.Fatal(err)
 	}
 	if f.Restores != restores {
@@ -422,7 +422,7 @@ func TestCleanupRemovesOnlySteelyard(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := NewProxier(f, testCfg)
-	if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{web}}, false); err != nil {
+	if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{web}}, dataplane.PartialSync); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.Cleanup(); err != nil {
@@ -535,13 +535,13 @@ func TestPartialSyncRemovesAnEndpointsChain(t *testing.T) {
 	web := svcPort("ns", "web", "http", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2", 80, 1), be("198.19.1.3", 80, 1))
 	f := NewFake()
 	p := NewProxier(f, testCfg)
-	if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{web}}, false); err != nil {
+	if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{web}}, dataplane.PartialSync); err != nil {
 		t.Fatal(err)
 	}
 	gone := EndpointChain(web.Name, dataplane.TCP, web.Backends[1])
 	web2 := web
 	web2.Backends = web.Backends[:1]
-	if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{web2}}, false); err != nil {
+	if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{web2}}, dataplane.PartialSync); err != nil {
 		t.Fatal(err)
 	}
 	if st := p.LastSync; st.Full || st.ChainsWritten != 1 || st.ChainsDeleted != 1 {
@@ -551,7 +551,7 @@ func TestPartialSyncRemovesAnEndpointsChain(t *testing.T) {
 		t.Errorf("chain %s of the removed endpoint is still there", gone)
 	}
 	// And back: the chain returns.
-	if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{web}}, false); err != nil {
+	if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{web}}, dataplane.PartialSync); err != nil {
 		t.Fatal(err)
 	}
 	if f.Ruleset().Chain(TableNAT, gone) == nil {

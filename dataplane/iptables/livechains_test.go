@@ -52,18 +52,18 @@ func TestRestartOverIntactRulesThenPartial(t *testing.T) {
 	web := svcPort("ns", "web", "http", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2", 80, 10), be("198.19.1.3", 80, 90))
 	state := dataplane.State{Services: []dataplane.ServicePort{web}}
 	f := NewFake()
-	if err := NewProxier(f, testCfg).Sync(state, true); err != nil {
+	if _, err := NewProxier(f, testCfg).Sync(state, dataplane.FullSync); err != nil {
 		t.Fatal(err)
 	}
 	p := NewProxier(f, testCfg) // the restarted agent's
 	restores := f.Restores
-	if err := p.Sync(state, false); err != nil {
+	if _, err := p.Sync(state, dataplane.PartialSync); err != nil {
 		t.Fatal(err)
 	}
 	if !p.LastSync.Full || f.Restores != restores {
 		t.Fatalf("first sync after the restart: %+v, restores %d -> %d; want full, nothing written", p.LastSync, restores, f.Restores)
 	}
-	if err := p.Sync(state, false); err != nil {
+	if _, err := p.Sync(state, dataplane.PartialSync); err != nil {
 		t.Fatal(err)
 	}
 	if p.LastSync.Full {
@@ -79,7 +79,7 @@ func TestFullSyncRestoresMissingJumps(t *testing.T) {
 	state := dataplane.State{Services: []dataplane.ServicePort{web}}
 	f := NewFake()
 	p := NewProxier(f, testCfg)
-	if err := p.Sync(state, true); err != nil {
+	if _, err := p.Sync(state, dataplane.FullSync); err != nil {
 		t.Fatal(err)
 	}
 	saved, _ := f.SaveAll()
@@ -100,7 +100,7 @@ func TestFullSyncRestoresMissingJumps(t *testing.T) {
 	if ok, _ := f.HasRule(pre.table, pre.from, pre.args...); ok {
 		t.Fatal("the jump is still there")
 	}
-	if err := p.Sync(state, true); err != nil {
+	if _, err := p.Sync(state, dataplane.FullSync); err != nil {
 		t.Fatal(err)
 	}
 	if ok, _ := f.HasRule(pre.table, pre.from, pre.args...); !ok {

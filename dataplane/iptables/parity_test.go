@@ -21,7 +21,7 @@ import (
 )
 
 var parityCfg = Config{
-	ClusterCIDRs:      []netip.Prefix{netip.MustParsePrefix("198.19.0.0/17"), netip.MustParsePrefix("2001:2:0:1::/64")},
+	Masquerade:        dataplane.Masquerade{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.19.0.0/17"), netip.MustParsePrefix("2001:2:0:1::/64")}},
 	NodePortAddresses: []netip.Addr{netip.MustParseAddr("198.19.0.1"), netip.MustParseAddr("198.19.254.1"), netip.MustParseAddr("2001:2:0:fe::1")},
 }
 
@@ -39,7 +39,7 @@ func paritySync(t *testing.T, s dataplane.State) (*Ruleset, map[string]dataplane
 	t.Helper()
 	f := NewFake()
 	p := NewProxier(f, parityCfg)
-	if err := p.Sync(s, true); err != nil {
+	if _, err := p.Sync(s, dataplane.FullSync); err != nil {
 		t.Fatalf("sync: %v", err)
 	}
 	rs := f.Ruleset()
@@ -300,7 +300,7 @@ func TestIPv6Render(t *testing.T) {
 	cfg := parityCfg
 	cfg.Family = 6
 	f := NewFake()
-	if err := NewProxier(f, cfg).Sync(dataplane.State{Services: []dataplane.ServicePort{sp, none}}, true); err != nil {
+	if _, err := NewProxier(f, cfg).Sync(dataplane.State{Services: []dataplane.ServicePort{sp, none}}, dataplane.FullSync); err != nil {
 		t.Fatal(err)
 	}
 	text := f.Ruleset().String()
@@ -337,7 +337,7 @@ func TestDualStackOneSyncPerFamily(t *testing.T) {
 	s := dataplane.State{Services: []dataplane.ServicePort{v4, v6}}
 	f4, f6 := NewFake(), NewFake()
 	d := NewDualStack(f4, f6, parityCfg)
-	if err := d.Sync(s, true); err != nil {
+	if _, err := d.Sync(s, dataplane.FullSync); err != nil {
 		t.Fatal(err)
 	}
 	if t4, t6 := f4.Ruleset().String(), f6.Ruleset().String(); strings.Contains(t4, "2001:2:") || strings.Contains(t6, "198.1") {
@@ -363,7 +363,7 @@ func TestDualStackOneSyncPerFamily(t *testing.T) {
 	f6.RestoreErr = errFake
 	v4.Backends[0].Weight = 30
 	v6.Backends[0].Weight = 30
-	if err := d.Sync(dataplane.State{Services: []dataplane.ServicePort{v4, v6}}, true); err == nil || !strings.Contains(err.Error(), "IPv6") {
+	if _, err := d.Sync(dataplane.State{Services: []dataplane.ServicePort{v4, v6}}, dataplane.FullSync); err == nil || !strings.Contains(err.Error(), "IPv6") {
 		t.Errorf("sync error %v, want the IPv6 one", err)
 	}
 	if !strings.Contains(f4.Ruleset().String(), "weight 30") {
@@ -394,7 +394,7 @@ func TestPartialSyncsAcrossPolicies(t *testing.T) {
 	p := NewProxier(f, parityCfg)
 	for i, sp := range []dataplane.ServicePort{plain, rich, plain, rich} {
 		s := dataplane.State{Services: []dataplane.ServicePort{sp}}
-		if err := p.Sync(s, false); err != nil {
+		if _, err := p.Sync(s, dataplane.PartialSync); err != nil {
 			t.Fatalf("step %d: %v", i, err)
 		}
 		views, err := Views(f.Ruleset())
@@ -425,7 +425,7 @@ func TestVerifyCatchesBrokenParityRules(t *testing.T) {
 	sp.ExternalLocal = true
 	s := dataplane.State{Services: []dataplane.ServicePort{sp}}
 	f := NewFake()
-	if err := NewProxier(f, parityCfg).Sync(s, true); err != nil {
+	if _, err := NewProxier(f, parityCfg).Sync(s, dataplane.FullSync); err != nil {
 		t.Fatal(err)
 	}
 	// The filter rule that drops other sources is the first of the chain.

@@ -8,7 +8,6 @@ package iptables
 import (
 	"fmt"
 	"math"
-	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -54,10 +53,6 @@ type Proxier struct {
 	rendered *Rules
 	// LastSync describes the last successful Sync, for logs and benchmarks.
 	LastSync SyncStats
-	// NodeAddresses, when set, is called at each Sync for the addresses
-	// node ports are open on (it replaces Config.NodePortAddresses), so an
-	// address added to the node later is picked up.
-	NodeAddresses func() []netip.Addr
 }
 
 // SyncStats describes one Sync.
@@ -82,23 +77,46 @@ func NewProxier(ipt Interface, cfg Config) *Proxier {
 	return &Proxier{ipt: ipt, cfg: cfg}
 }
 
-// Sync applies s in one iptables-restore. A partial Sync writes only the
-// chains whose rules changed since the last successful Sync and deletes the
-// chains that are gone. A full Sync trusts no memory: it ensures the jumps
+// NewDualStack returns the dual-stack iptables dataplane: a Proxier over
+// ipt4 (iptables) and one over ipt6 (ip6tables; nil: IPv4 only), with cfg
+// for both (each takes the addresses and CIDRs of its own family).
+func NewDualStack(ipt4, ipt6 Interface, cfg Config) *dataplane.DualStack {
+	c4, c6 := cfg, cfg
+	c4.Family, c6.Family = 4, 6
+	if ipt6 == nil {
+		return dataplane.NewDualStack(NewProxier(ipt4, c4), nil)
+	}
+	return dataplane.NewDualStack(NewProxier(ipt4, c4), NewProxier(ipt6, c6))
+}
+
+// Sync applies s in one iptables-restore. A partial Sync renders again only
+// the Service ports of req.Changed, writes the chains whose rules changed
+// since the last successful Sync and deletes the chains that are gone. A full Sync trusts no memory: it ensures the jumps
 // from built-in chains, reads the live ruleset, and rewrites every steelyard
 // chain that differs from the desired one (repairing hand edits) and
 // deletes every steelyard chain that should not exist.
-func (p *Proxier) Sync(s dataplane.State, full bool) error {
-	start := time.Now()
-	if p.NodeAddresses != nil {
-		p.cfg.NodePortAddresses = p.NodeAddresses()
+func (p *Proxier) Sync(s dataplane.State, req dataplane.SyncRequest) (dataplane.SyncResult, error) {
+	if err := p.sync(s, req); err != nil {
+		return dataplane.SyncResult{}, err
 	}
-	desired := renderWith(s, p.cfg, p.rendered)
-	p.rendered = desired
-	stats := SyncStats{Render: time.Since(start), RulesTotal: desired.Count()}
+	return dataplane.SyncResult{Full: p.LastSync.Full}, nil
+}
+
+func (p *Proxier) sync(s dataplane.State, req dataplane.SyncRequest) error {
+	start := time.Now()
+	if p.cfg.NodeAddresses != nil {
+		p.cfg.NodePortAddresses = p.cfg.NodeAddresses()
+	}
+	full := req.Full
 	if p.applied == nil {
+		// The first Sync, or the one after a failure: the changed set
+		// is relative to a state the kernel may not hold.
 		full = true
 	}
+	req.Full = full
+	desired := renderWith(s, p.cfg, p.rendered, req)
+	p.rendered = desired
+	stats := SyncStats{Render: time.Since(start), RulesTotal: desired.Count()}
 	if !full {
 		// Cheap check that nobody flushed the tables since the last Sync
 		// (a firewall reload, "iptables -F"): if so, resync everything now
@@ -182,11 +200,6 @@ func (p *Proxier) Sync(s dataplane.State, full bool) error {
 	p.LastSync = stats
 	return nil
 }
-
-// LastSyncFull reports whether the last successful Sync was full, also
-// when it was asked to be partial (first Sync, after a failure, canary
-// gone), so the caller can count it as full.
-func (p *Proxier) LastSyncFull() bool { return p.LastSync.Full }
 
 // partialDiff returns the chains that differ between what was applied and
 // what is desired. Service ports whose fragment is shared between the two

@@ -13,14 +13,13 @@ import (
 
 // Config is what the iptables dataplane needs to know about the node.
 type Config struct {
-	// ClusterCIDRs are the pod ranges. New connections to a VIP from outside
-	// them are masqueraded, so replies return through this node.
-	ClusterCIDRs []netip.Prefix
-	// MasqueradeAll masquerades every new connection to a VIP.
-	MasqueradeAll bool
-	// MasqueradeBit is the fwmark bit that asks STEELYARD-POSTROUTING to
-	// masquerade; 13 (0x2000) by default, away from kube-proxy's 14 and 15.
-	MasqueradeBit int
+	// Masquerade says which new connections to a VIP are masqueraded
+	// (marked for STEELYARD-POSTROUTING), as in every dataplane.
+	dataplane.Masquerade
+	// NodeAddresses, when set, is called at each Sync for the addresses
+	// node ports are open on (it replaces NodePortAddresses), so an address
+	// added to the node later is picked up.
+	NodeAddresses func() []netip.Addr
 	// NodePortAddresses are the node's addresses on which node ports are
 	// open (--nodeport-addresses); addresses of the other family are
 	// ignored. None: no node port is reachable.
@@ -31,15 +30,9 @@ type Config struct {
 }
 
 // DefaultMasqueradeBit is the fwmark bit used when Config leaves it zero.
-const DefaultMasqueradeBit = 13
+const DefaultMasqueradeBit = dataplane.DefaultMasqueradeBit
 
-func (c Config) markMask() string {
-	bit := c.MasqueradeBit
-	if bit == 0 {
-		bit = DefaultMasqueradeBit
-	}
-	return fmt.Sprintf("0x%x", uint32(1)<<bit)
-}
+func (c Config) markMask() string { return c.Mark() }
 
 // Rules is a rendered ruleset: for each table, steelyard's chains in order
 // and the rules of each chain (the text after "-A CHAIN ").
@@ -166,13 +159,13 @@ func sameServicePort(a, b *dataplane.ServicePort) bool {
 // Render turns a desired State into steelyard's chains. It never touches the
 // kernel; Sync decides which chains to write.
 func Render(s dataplane.State, cfg Config) *Rules {
-	return renderWith(s, cfg, nil)
+	return renderWith(s, cfg, nil, dataplane.FullSync)
 }
 
 // renderWith renders s, reusing the fragments of prev for Service ports
 // that did not change (the common case of a partial sync: at 10,000
 // Services, rendering everything again costs half a second).
-func renderWith(s dataplane.State, cfg Config, prev *Rules) *Rules {
+func renderWith(s dataplane.State, cfg Config, prev *Rules, req dataplane.SyncRequest) *Rules {
 	r := newRules()
 	mark := cfg.markMask()
 	// The family of the State: node addresses of the other one are left
@@ -202,7 +195,11 @@ func renderWith(s dataplane.State, cfg Config, prev *Rules) *Rules {
 	for i := range s.Services {
 		sp := &s.Services[i]
 		if prev != nil {
-			if f, ok := prev.frags[sp.Name]; ok && sameServicePort(&f.sp, sp) {
+			// A port whose Service the tracker saw unchanged keeps its
+			// fragment without a comparison; the others are compared,
+			// since a change of one port of a Service leaves the
+			// others' rules as they were.
+			if f, ok := prev.frags[sp.Name]; ok && (!req.MayHaveChanged(sp.Name) || sameServicePort(&f.sp, sp)) {
 				r.merge(f)
 				continue
 			}

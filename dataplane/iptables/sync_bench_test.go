@@ -2,6 +2,8 @@ package iptables
 
 import (
 	"testing"
+
+	"github.com/steelyard-net/steelyard/dataplane"
 )
 
 // savedKernel is a kernel for benchmarks: SaveAll returns fixed text and
@@ -24,13 +26,13 @@ func syncedProxier(b *testing.B, n, m int) (*Proxier, *savedKernel) {
 	b.Helper()
 	f := NewFake()
 	s := benchState(n, m)
-	if err := NewProxier(f, testCfg).Sync(s, true); err != nil {
+	if _, err := NewProxier(f, testCfg).Sync(s, dataplane.FullSync); err != nil {
 		b.Fatal(err)
 	}
 	saved, _ := f.SaveAll()
 	k := &savedKernel{Fake: *NewFake(), saved: saved}
 	p := NewProxier(k, testCfg)
-	if err := p.Sync(s, true); err != nil {
+	if _, err := p.Sync(s, dataplane.FullSync); err != nil {
 		b.Fatal(err)
 	}
 	return p, k
@@ -45,7 +47,7 @@ func BenchmarkSyncPartial10kx10(b *testing.B) {
 	b.ResetTimer()
 	for i := range b.N {
 		s.Services[5000].Backends[0].Weight = float64(2 + i%2)
-		if err := p.Sync(s, false); err != nil {
+		if _, err := p.Sync(s, dataplane.PartialSync); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -59,7 +61,7 @@ func BenchmarkSyncFullNoChange10kx10(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
-		if err := p.Sync(s, true); err != nil {
+		if _, err := p.Sync(s, dataplane.FullSync); err != nil {
 			b.Fatal(err)
 		}
 		if p.LastSync.ChainsWritten != 0 {

@@ -20,7 +20,7 @@ import (
 type dualKernel struct {
 	testKernel
 	ipt6 *iptables.Fake
-	d    *DualStack
+	d    *dataplane.DualStack
 }
 
 func newDualKernel(t *testing.T) *dualKernel {
@@ -49,7 +49,7 @@ func (k *dualKernel) restart() { k.d = NewDualStack(k.ipvs, k.links, k.sets, k.i
 
 func (k *dualKernel) sync(t *testing.T, s dataplane.State, full bool) {
 	t.Helper()
-	if err := k.d.Sync(s, full); err != nil {
+	if _, err := k.d.Sync(s, dataplane.SyncRequest{Full: full}); err != nil {
 		t.Fatalf("Sync: %v", err)
 	}
 }
@@ -168,7 +168,7 @@ func TestDualStackSync(t *testing.T) {
 	}
 
 	// Removing the IPv6 Services leaves IPv4 alone, and the IPv6 VIPs go.
-	v4only, _ := iptables.SplitFamilies(st)
+	v4only, _ := dataplane.SplitFamilies(st)
 	k.sync(t, v4only, true)
 	if d := k.ipvs.Dump(); strings.Contains(d, "2001:2") || !strings.Contains(d, "TCP 198.18.0.10:80 wrr\n  -> 198.19.1.2:8080 10\n") {
 		t.Errorf("after removing IPv6:\n%s", d)

@@ -219,11 +219,13 @@ func viewOf(vs VirtualServer, sc setComment, rss []RealServer, drop bool) datapl
 
 // Cleanup removes steelyard's virtual servers of the Proxier's family, the
 // dummy interface, the rules and the sets, and nothing else.
-func (p *Proxier) Cleanup() error { return p.cleanup(true) }
+// The IPv6 Proxier leaves the dummy interface to the IPv4 one, which
+// dataplane.DualStack cleans last: the IPv4 VIPs on it tell which virtual
+// servers are steelyard's.
+func (p *Proxier) Cleanup() error { return p.cleanup(p.cfg.Family == 4) }
 
 // cleanup is Cleanup; the dummy interface is deleted only with
-// deleteDummy (DualStack deletes it after both families are clean: the
-// IPv4 VIPs on it tell which virtual servers are steelyard's).
+// deleteDummy.
 func (p *Proxier) cleanup(deleteDummy bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()

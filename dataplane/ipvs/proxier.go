@@ -57,7 +57,7 @@ const DefaultScheduler = "wrr"
 const DefaultGracefulPeriod = 30 * time.Second
 
 // drainCheckInterval is how soon after a Sync that left destinations
-// draining the proxier asks for another Sync (through Config.Trigger).
+// draining the proxier asks for another Sync (SyncResult.RequeueAfter).
 const drainCheckInterval = time.Second
 
 // Config configures the IPVS proxier.
@@ -70,17 +70,11 @@ type Config struct {
 	// GracefulPeriod is the longest a leaving destination drains at weight
 	// 0; DefaultGracefulPeriod if zero.
 	GracefulPeriod time.Duration
-	// ClusterCIDRs, MasqueradeAll and MasqueradeBit mean what they mean for
-	// the iptables dataplane.
-	ClusterCIDRs  []netip.Prefix
-	MasqueradeAll bool
-	MasqueradeBit int
+	// Masquerade says which new connections are masqueraded, as in every
+	// dataplane (the IPVS mode's rules match its sets, see rules.go).
+	dataplane.Masquerade
 	// Now is the clock; time.Now if nil. Tests inject a fake one.
 	Now func() time.Time
-	// Trigger, if set, asks the agent's runner for a Sync; the proxier
-	// calls it (after drainCheckInterval) while destinations drain, so they
-	// are deleted soon after their last connection ends.
-	Trigger func()
 	// SysctlDir is where sysctls are written; /proc/sys if empty. Tests
 	// point it at a temporary directory.
 	SysctlDir string
@@ -105,9 +99,7 @@ func (c *Config) defaults() {
 	if c.GracefulPeriod == 0 {
 		c.GracefulPeriod = DefaultGracefulPeriod
 	}
-	if c.MasqueradeBit == 0 {
-		c.MasqueradeBit = iptables.DefaultMasqueradeBit
-	}
+	c.MasqueradeBit = c.Bit()
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -168,8 +160,6 @@ type Proxier struct {
 	// warnedFamily is set once the skipped ports of the other family were
 	// logged.
 	warnedFamily bool
-	// drainTimer is the pending Trigger call, if any.
-	drainTimer *time.Timer
 	// LastSync describes the last successful Sync, for logs and benchmarks.
 	LastSync SyncStats
 }
@@ -311,7 +301,7 @@ func parseComment(c string) (name, extra string) {
 // external and load-balancer IP. Every backend is a destination of each of
 // them; those the entry's policy (or topology) leaves out have weight 0, so
 // their established connections drain instead of breaking.
-func (p *Proxier) desired(s dataplane.State, nodeAddrs []netip.Addr) map[dataplane.VIP]*wantService {
+func (p *Proxier) desired(s dataplane.State, nodeAddrs []netip.Addr, req dataplane.SyncRequest) map[dataplane.VIP]*wantService {
 	out := make(map[dataplane.VIP]*wantService, len(s.Services))
 	if !slices.Equal(nodeAddrs, p.cacheNodeAddrs) {
 		p.wantCache, p.cacheNodeAddrs = nil, slices.Clone(nodeAddrs)
@@ -336,9 +326,11 @@ func (p *Proxier) desired(s dataplane.State, nodeAddrs []netip.Addr) map[datapla
 			skipped++
 			continue
 		}
-		if c := p.wantCache[sp.VIP]; c != nil && c.sp.Equal(sp) {
+		// The tracker saw its Service unchanged, or it equals the cached
+		// one (the name too: another Service may have taken the VIP).
+		if c := p.wantCache[sp.VIP]; c != nil && c.sp.Name == sp.Name && (!req.MayHaveChanged(sp.Name) || c.sp.Equal(sp)) {
 			for _, w := range c.ws {
-				put(w) // unchanged since the last Sync: reuse
+				put(w)
 			}
 			next[sp.VIP] = c
 			continue
@@ -485,7 +477,20 @@ func (p *Proxier) nodeAddresses(s dataplane.State) ([]netip.Addr, error) {
 // virtual servers whose desired state changed or that have draining
 // destinations. Unlike iptables-restore, IPVS has no transaction: a failed
 // write is reported, the rest still applied, and the next Sync is full.
-func (p *Proxier) Sync(s dataplane.State, full bool) error {
+// While destinations drain, the result asks for another Sync soon, so they
+// are deleted shortly after their last connection ends.
+func (p *Proxier) Sync(s dataplane.State, req dataplane.SyncRequest) (dataplane.SyncResult, error) {
+	if err := p.sync(s, req); err != nil {
+		return dataplane.SyncResult{}, err
+	}
+	res := dataplane.SyncResult{Full: p.LastSync.Full}
+	if p.LastSync.Draining > 0 {
+		res.RequeueAfter = drainCheckInterval
+	}
+	return res, nil
+}
+
+func (p *Proxier) sync(s dataplane.State, req dataplane.SyncRequest) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	start := p.cfg.Now()
@@ -493,11 +498,14 @@ func (p *Proxier) Sync(s dataplane.State, full bool) error {
 	if err != nil {
 		return err
 	}
-	want := p.desired(s, nodeAddrs)
-	canaryMissing := false
+	full := req.Full
 	if p.applied == nil || !p.ready {
 		full = true
-	} else if !full && !p.canary() {
+	}
+	req.Full = full
+	want := p.desired(s, nodeAddrs, req)
+	canaryMissing := false
+	if !full && !p.canary() {
 		// Someone flushed the table or removed the interface: repair all.
 		full, canaryMissing = true, true
 	}
@@ -583,9 +591,6 @@ func (p *Proxier) Sync(s dataplane.State, full bool) error {
 	}
 	stats.Took = p.cfg.Now().Sub(start)
 	p.LastSync = stats
-	if stats.Draining > 0 {
-		p.scheduleDrainCheck()
-	}
 	return nil
 }
 
@@ -1178,28 +1183,6 @@ func sortedKeys(m map[string]string) []string {
 	return out
 }
 
-// scheduleDrainCheck asks for a Sync soon, once, so drained destinations
-// are deleted shortly after their last connection ends.
-func (p *Proxier) scheduleDrainCheck() {
-	if p.cfg.Trigger == nil || p.drainTimer != nil {
-		return
-	}
-	p.drainTimer = time.AfterFunc(drainCheckInterval, func() {
-		p.mu.Lock()
-		p.drainTimer = nil
-		p.mu.Unlock()
-		p.cfg.Trigger()
-	})
-}
-
-// SetTrigger sets Config.Trigger after construction (the agent's runner is
-// created after the dataplane).
-func (p *Proxier) SetTrigger(f func()) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cfg.Trigger = f
-}
-
 // Draining returns the destinations currently draining, per VIP.
 func (p *Proxier) Draining() map[dataplane.VIP][]netip.AddrPort {
 	p.mu.Lock()
@@ -1209,13 +1192,4 @@ func (p *Proxier) Draining() map[dataplane.VIP][]netip.AddrPort {
 		out[vip] = sortedAddrs(d)
 	}
 	return out
-}
-
-// SetNodeAddresses sets Config.NodeAddresses after construction: the agent
-// learns the node's addresses (--nodeport-addresses, the Node object) after
-// it opened the dataplane.
-func (p *Proxier) SetNodeAddresses(f func() []netip.Addr) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cfg.NodeAddresses = f
 }

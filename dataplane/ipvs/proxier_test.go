@@ -50,7 +50,7 @@ func newTestKernel(t testing.TB) *testKernel {
 		return strings.Contains(string(saved), name)
 	}
 	k.cfg = Config{Now: func() time.Time { return k.now }, SysctlDir: sysctlDir(t),
-		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.19.0.0/16")}}
+		Masquerade: dataplane.Masquerade{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.19.0.0/16")}}}
 	k.p = NewProxier(k.ipvs, k.links, k.sets, k.ipt, k.cfg)
 	return k
 }
@@ -60,7 +60,7 @@ func (k *testKernel) restart() { k.p = NewProxier(k.ipvs, k.links, k.sets, k.ipt
 
 func (k *testKernel) sync(t testing.TB, s dataplane.State, full bool) {
 	t.Helper()
-	if err := k.p.Sync(s, full); err != nil {
+	if _, err := k.p.Sync(s, dataplane.SyncRequest{Full: full}); err != nil {
 		t.Fatalf("Sync: %v", err)
 	}
 }
@@ -384,7 +384,7 @@ func TestSchedulers(t *testing.T) {
 	}
 	// A scheduler the kernel lacks fails the Sync clearly; the next is full.
 	api.Scheduler = "nosuch"
-	if err := k.p.Sync(state(web, api), false); err == nil || !strings.Contains(err.Error(), "nosuch") {
+	if _, err := k.p.Sync(state(web, api), dataplane.PartialSync); err == nil || !strings.Contains(err.Error(), "nosuch") {
 		t.Errorf("Sync with an unknown scheduler: %v", err)
 	}
 	api.Scheduler = "wlc"
@@ -484,7 +484,7 @@ func TestSysctls(t *testing.T) {
 	}
 	k.cfg.SysctlDir = t.TempDir()
 	k.restart()
-	err := k.p.Sync(state(), true)
+	_, err := k.p.Sync(state(), dataplane.FullSync)
 	if err == nil || !strings.Contains(err.Error(), "net.ipv4.vs.conntrack is missing") {
 		t.Errorf("Sync without IPVS sysctls: %v", err)
 	}
@@ -835,7 +835,7 @@ func TestEntryPoints(t *testing.T) {
 	// The node loses an address: its node-port virtual servers and set
 	// members go, on a partial Sync.
 	k.cfg.NodeAddresses = nodeAddrs("198.19.0.1")
-	k.p.SetNodeAddresses(k.cfg.NodeAddresses)
+	k.p.cfg.NodeAddresses = k.cfg.NodeAddresses // what the node's address function returns now
 	k.sync(t, st, false)
 	if d := k.ipvs.Dump(); strings.Contains(d, "198.19.254.1:") {
 		t.Errorf("node port left on a removed node address:\n%s", d)

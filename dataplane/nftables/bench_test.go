@@ -37,7 +37,7 @@ func BenchmarkFirstSync(b *testing.B) {
 	s := bigState(10000)
 	for b.Loop() {
 		p := NewProxier(knftables.NewFake(knftables.IPv4Family, TableName), testCfg)
-		if err := p.Sync(s, true); err != nil {
+		if _, err := p.Sync(s, dataplane.FullSync); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -48,14 +48,14 @@ func BenchmarkFirstSync(b *testing.B) {
 func BenchmarkPartialSync(b *testing.B) {
 	s := bigState(10000)
 	p := NewProxier(knftables.NewFake(knftables.IPv4Family, TableName), testCfg)
-	if err := p.Sync(s, true); err != nil {
+	if _, err := p.Sync(s, dataplane.FullSync); err != nil {
 		b.Fatal(err)
 	}
 	i := 0
 	for b.Loop() {
 		s.Services[5000].Backends[3].Weight = float64(1 + i%2*7)
 		i++
-		if err := p.Sync(s, false); err != nil {
+		if _, err := p.Sync(s, dataplane.PartialSync); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -81,7 +81,7 @@ func BenchmarkRenderFirst(b *testing.B) {
 	s := bigState(10000)
 	for b.Loop() {
 		d := &discardNFT{Interface: knftables.NewFake(knftables.IPv4Family, TableName)}
-		if err := NewProxier(d, testCfg).Sync(s, true); err != nil {
+		if _, err := NewProxier(d, testCfg).Sync(s, dataplane.FullSync); err != nil {
 			b.Fatal(err)
 		}
 		b.ReportMetric(float64(d.ops), "ops")
@@ -94,14 +94,14 @@ func BenchmarkRenderPartial(b *testing.B) {
 	s := bigState(10000)
 	d := &discardNFT{Interface: knftables.NewFake(knftables.IPv4Family, TableName)}
 	p := NewProxier(d, testCfg)
-	if err := p.Sync(s, true); err != nil {
+	if _, err := p.Sync(s, dataplane.FullSync); err != nil {
 		b.Fatal(err)
 	}
 	i := 0
 	for b.Loop() {
 		s.Services[5000].Backends[3].Weight = float64(1 + i%2*7)
 		i++
-		if err := p.Sync(s, false); err != nil {
+		if _, err := p.Sync(s, dataplane.PartialSync); err != nil {
 			b.Fatal(err)
 		}
 		b.ReportMetric(float64(d.ops), "ops")
@@ -121,18 +121,18 @@ func TestKernelTiming(t *testing.T) {
 	p, _ := newTest(t, 4)
 	s := bigState(10000)
 	start := time.Now()
-	if err := p.Sync(s, true); err != nil {
+	if _, err := p.Sync(s, dataplane.FullSync); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("first sync, 10,000 Services x 10 endpoints: %s", time.Since(start).Round(time.Millisecond))
 	s.Services[5000].Backends[3].Weight = 42
 	start = time.Now()
-	if err := p.Sync(s, false); err != nil {
+	if _, err := p.Sync(s, dataplane.PartialSync); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("one-endpoint change (partial sync): %s", time.Since(start).Round(time.Millisecond))
 	start = time.Now()
-	if err := p.Sync(s, true); err != nil {
+	if _, err := p.Sync(s, dataplane.FullSync); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("full resync of the same state: %s", time.Since(start).Round(time.Millisecond))

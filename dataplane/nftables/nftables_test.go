@@ -20,7 +20,7 @@ import (
 	"github.com/steelyard-net/steelyard/dataplane"
 )
 
-var testCfg = Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.19.0.0/17")}}
+var testCfg = Config{Masquerade: dataplane.Masquerade{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.19.0.0/17")}}}
 
 func svcPort(name, vip string, vport uint16, proto dataplane.Protocol, backends ...dataplane.Backend) dataplane.ServicePort {
 	return dataplane.ServicePort{
@@ -98,7 +98,7 @@ func TestExplainSharesEqualWeights(t *testing.T) {
 				sp.Backends = append(sp.Backends, be("198.19.1."+string(rune('2'+i)), 8080, w))
 				total += w
 			}
-			if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{sp}}, true); err != nil {
+			if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{sp}}, dataplane.FullSync); err != nil {
 				t.Fatal(err)
 			}
 			got := sharesOf(t, p)["default/web:http"]
@@ -126,7 +126,7 @@ func TestRenderedTransaction(t *testing.T) {
 		svcPort("web", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2", 8080, 10), be("198.19.1.3", 8080, 90), be("198.19.1.4", 8080, 0)),
 		svcPort("empty", "198.18.0.11", 53, dataplane.UDP),
 	}}
-	if err := p.Sync(s, true); err != nil {
+	if _, err := p.Sync(s, dataplane.FullSync); err != nil {
 		t.Fatal(err)
 	}
 	dump := nft.(*knftables.Fake).Dump()
@@ -158,7 +158,7 @@ func TestPartialSyncWritesOnlyTheChange(t *testing.T) {
 	p, nft := newTest(t, 4)
 	a := svcPort("a", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2", 8080, 1), be("198.19.1.3", 8080, 1))
 	b := svcPort("b", "198.18.0.12", 80, dataplane.TCP, be("198.19.1.4", 8080, 1), be("198.19.1.5", 8080, 1))
-	if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{a, b}}, true); err != nil {
+	if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{a, b}}, dataplane.FullSync); err != nil {
 		t.Fatal(err)
 	}
 	// b changes: one endpoint replaced, weights 1:3.
@@ -166,7 +166,7 @@ func TestPartialSyncWritesOnlyTheChange(t *testing.T) {
 	var ops []string
 	spy := &spyNFT{Interface: nft, onRun: func(tx *knftables.Transaction) { ops = strings.Split(tx.String(), "\n") }}
 	p.nft = spy
-	if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{a, b2}}, false); err != nil {
+	if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{a, b2}}, dataplane.PartialSync); err != nil {
 		t.Fatal(err)
 	}
 	for _, op := range ops {
@@ -192,7 +192,7 @@ func TestPartialSyncWritesOnlyTheChange(t *testing.T) {
 	}
 	// b goes away, a loses its endpoints: reject.
 	a2 := svcPort("a", "198.18.0.10", 80, dataplane.TCP)
-	if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{a2}}, false); err != nil {
+	if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{a2}}, dataplane.PartialSync); err != nil {
 		t.Fatal(err)
 	}
 	got = sharesOf(t, p)
@@ -221,13 +221,13 @@ func TestFullSyncRemovesStaleChains(t *testing.T) {
 	p, nft := newTest(t, 4)
 	a := svcPort("a", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2", 8080, 1))
 	b := svcPort("b", "198.18.0.12", 80, dataplane.TCP, be("198.19.1.4", 8080, 1))
-	if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{a, b}}, true); err != nil {
+	if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{a, b}}, dataplane.FullSync); err != nil {
 		t.Fatal(err)
 	}
 	// A restarted agent knows nothing of what was applied.
 	p2 := NewProxier(nft, p.cfg)
 	p2.textRules = p.textRules
-	if err := p2.Sync(dataplane.State{Services: []dataplane.ServicePort{a}}, true); err != nil {
+	if _, err := p2.Sync(dataplane.State{Services: []dataplane.ServicePort{a}}, dataplane.FullSync); err != nil {
 		t.Fatal(err)
 	}
 	chains, _ := nft.List(t.Context(), "chains")
@@ -258,7 +258,7 @@ func TestCleanupLeavesOtherTablesAlone(t *testing.T) {
 		}
 		defer exec.Command("nft", "delete table ip neighbour").Run()
 	}
-	if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{svcPort("a", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2", 8080, 1))}}, true); err != nil {
+	if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{svcPort("a", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2", 8080, 1))}}, dataplane.FullSync); err != nil {
 		t.Fatal(err)
 	}
 	var ops string
@@ -285,7 +285,7 @@ func TestCleanupLeavesOtherTablesAlone(t *testing.T) {
 func TestIPv6(t *testing.T) {
 	p, _ := newTest(t, 6)
 	sp := svcPort("v6", "2001:2::10", 80, dataplane.TCP, be("2001:2:0:1::2", 8080, 10), be("2001:2:0:1::3", 8080, 90))
-	if err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{sp}}, true); err != nil {
+	if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{sp}}, dataplane.FullSync); err != nil {
 		t.Fatal(err)
 	}
 	got := sharesOf(t, p)["default/v6:http"]
@@ -305,7 +305,7 @@ func TestUnsupportedFeaturesWarnOnce(t *testing.T) {
 	plain := svcPort("plain", "198.18.0.11", 80, dataplane.TCP, be("198.19.1.3", 8080, 1))
 	s := dataplane.State{Services: []dataplane.ServicePort{sp, plain}}
 	for range 3 {
-		if err := p.Sync(s, false); err != nil {
+		if _, err := p.Sync(s, dataplane.PartialSync); err != nil {
 			t.Fatal(err)
 		}
 	}

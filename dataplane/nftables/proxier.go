@@ -13,7 +13,6 @@ import (
 	"crypto/sha256"
 	"encoding/base32"
 	"fmt"
-	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -59,13 +58,9 @@ const (
 
 // Config configures a Proxier.
 type Config struct {
-	// ClusterCIDRs are the pod ranges: new connections to a VIP from outside
-	// them are masqueraded. Prefixes of the other family are ignored.
-	ClusterCIDRs []netip.Prefix
-	// MasqueradeAll masquerades every new connection to a VIP.
-	MasqueradeAll bool
-	// MasqueradeBit is the fwmark bit asking for masquerade (0: 13).
-	MasqueradeBit int
+	// Masquerade says which new connections to a VIP are masqueraded, as
+	// in every dataplane.
+	dataplane.Masquerade
 	// Family is 4 or 6 (0: 4).
 	Family int
 }
@@ -410,8 +405,16 @@ func (p *Proxier) element(r *rendered) *knftables.Element {
 	return &knftables.Element{Map: mapServiceIPs, Key: r.key, Value: []string{"goto " + r.svc}, Comment: knftables.PtrTo(r.comment)}
 }
 
-// Sync implements dataplane.Dataplane with one nft transaction.
-func (p *Proxier) Sync(s dataplane.State, full bool) error {
+// Sync implements dataplane.Dataplane with one nft transaction. (It does
+// not use req.Changed yet: it compares each port with what it applied.)
+func (p *Proxier) Sync(s dataplane.State, req dataplane.SyncRequest) (dataplane.SyncResult, error) {
+	if err := p.sync(s, req.Full); err != nil {
+		return dataplane.SyncResult{}, err
+	}
+	return dataplane.SyncResult{Full: p.lastFull}, nil
+}
+
+func (p *Proxier) sync(s dataplane.State, full bool) error {
 	start := time.Now()
 	full = full || !p.synced
 	desired := map[string]*rendered{}
@@ -520,10 +523,6 @@ func (p *Proxier) Sync(s dataplane.State, full bool) error {
 	log.WithFields(logrus.Fields{"full": full, "services": len(desired), "written": written, "operations": tx.NumOperations(), "took": time.Since(start)}).Debug("synced")
 	return nil
 }
-
-// LastSyncFull reports whether the last successful Sync was full, asked
-// for or not (the first Sync always is).
-func (p *Proxier) LastSyncFull() bool { return p.lastFull }
 
 func sortedKeys[V any](m map[string]V) []string {
 	out := make([]string, 0, len(m))

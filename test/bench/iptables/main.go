@@ -32,7 +32,7 @@ func main() {
 	if err != nil {
 		fail(err)
 	}
-	cfg := iptables.Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.19.0.0/16")}}
+	cfg := iptables.Config{Masquerade: dataplane.Masquerade{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.19.0.0/16")}}}
 	p := iptables.NewProxier(ipt, cfg)
 
 	start := time.Now()
@@ -46,7 +46,7 @@ func main() {
 
 	row := func(name string, full bool, s dataplane.State) {
 		start := time.Now()
-		if err := p.Sync(s, full); err != nil {
+		if _, err := p.Sync(s, dataplane.SyncRequest{Full: full}); err != nil {
 			fail(err)
 		}
 		st := p.LastSync
