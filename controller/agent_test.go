@@ -286,3 +286,76 @@ func TestAgentSeesFullSyncThroughHealthChecks(t *testing.T) {
 		}
 	}
 }
+
+// resultDataplane returns a fixed result and keeps the requests it saw.
+type resultDataplane struct {
+	failingDataplane
+	res  dataplane.SyncResult
+	reqs []dataplane.SyncRequest
+}
+
+func (d *resultDataplane) Sync(_ dataplane.State, req dataplane.SyncRequest) (dataplane.SyncResult, error) {
+	d.reqs = append(d.reqs, req)
+	return d.res, nil
+}
+
+// The tracker's changed Services reach the dataplane, with the Services
+// that split their traffic across one of them (their backends changed too).
+func TestAgentPassesChangedServices(t *testing.T) {
+	tr := NewChangeTracker()
+	split := makeService("demo", "web", withAnnotation(AnnotationSplit, "web-stable=90,web-canary=10"))
+	broken := makeService("demo", "old", withAnnotation(AnnotationSplit, "not a split"))
+	other := makeService("demo", "other", nil)
+	d := &resultDataplane{}
+	a := &Agent{Source: &staticSource{svcs: []*corev1.Service{split, broken, other}}, Tracker: tr, Builder: NewBuilder(), Dataplane: d,
+		FullSyncPeriod: time.Hour, Clock: clocktesting.NewFakeClock(time.Unix(1000, 0))}
+	if err := a.Sync(); err != nil { // first: full, nothing changed
+		t.Fatal(err)
+	}
+	tr.SliceChanged(nil, makeSlice("demo", "web-canary", "web-canary-a", []discoveryv1.Endpoint{endpoint("198.19.1.2", "c-1", condReady)}, nil))
+	if err := a.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	req := d.reqs[1]
+	want := map[dataplane.ServiceName]bool{{Namespace: "demo", Name: "web-canary"}: true, {Namespace: "demo", Name: "web"}: true, {Namespace: "demo", Name: "old"}: true}
+	if req.Full || fmt.Sprint(req.Changed) != fmt.Sprint(want) {
+		t.Errorf("request %+v, want partial with %v", req, want)
+	}
+	if err := a.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if req := d.reqs[2]; req.Changed == nil || len(req.Changed) != 0 {
+		t.Errorf("nothing changed: request %+v, want an empty changed set", req)
+	}
+}
+
+// A result's RequeueAfter becomes one Requeue call once that time passed.
+func TestAgentRequeuesAfterResult(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	requeued := make(chan struct{}, 10)
+	d := &resultDataplane{res: dataplane.SyncResult{RequeueAfter: time.Second}}
+	a := &Agent{Source: &staticSource{}, Builder: NewBuilder(), Dataplane: d, FullSyncPeriod: time.Hour, Clock: clk,
+		Requeue: func() { requeued <- struct{}{} }}
+	for range 2 { // two syncs, one pending call
+		if err := a.Sync(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.Step(999 * time.Millisecond)
+	select {
+	case <-requeued:
+		t.Fatal("requeued early")
+	default:
+	}
+	clk.Step(time.Millisecond)
+	select {
+	case <-requeued:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no requeue after RequeueAfter")
+	}
+	select {
+	case <-requeued:
+		t.Error("requeued twice for one pending RequeueAfter")
+	case <-time.After(50 * time.Millisecond):
+	}
+}

@@ -588,3 +588,42 @@ func TestVerifyAgreesOnRoundingBoundaries(t *testing.T) {
 		t.Errorf("verify disagrees with itself:\n%s", strings.Join(diff, "\n"))
 	}
 }
+
+// A partial Sync trusts the change tracker's set (SyncRequest.Changed): it
+// renders again only the ports of the Services named there and reuses the
+// others without comparing them; a full Sync compares everything.
+func TestPartialSyncRendersOnlyTheChangedServices(t *testing.T) {
+	web := svcPort("ns", "web", "http", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2", 80, 10), be("198.19.1.3", 80, 90))
+	api := svcPort("ns", "api", "http", "198.18.0.11", 80, dataplane.TCP, be("198.19.1.4", 80, 1), be("198.19.1.5", 80, 1))
+	f := NewFake()
+	p := NewProxier(f, testCfg)
+	if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{web, api}}, dataplane.FullSync); err != nil {
+		t.Fatal(err)
+	}
+	web2, api2 := web, api
+	web2.Backends = []dataplane.Backend{be("198.19.1.2", 80, 50), be("198.19.1.3", 80, 50)}
+	api2.Backends = []dataplane.Backend{be("198.19.1.4", 80, 3), be("198.19.1.5", 80, 1)}
+	s := dataplane.State{Services: []dataplane.ServicePort{web2, api2}}
+	req := dataplane.SyncRequest{Changed: map[dataplane.ServiceName]bool{{Namespace: "ns", Name: "web"}: true}}
+	res, err := p.Sync(s, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Full || p.LastSync.ChainsWritten != 1 {
+		t.Errorf("result %+v, stats %+v; want partial, web's chain only", res, p.LastSync)
+	}
+	views := viewsByService(t, f)
+	if got := shares(views["ns/web:http"]); math.Abs(got["198.19.1.2:80"]-50) > 1e-6 {
+		t.Errorf("web: %v, want 50/50", got)
+	}
+	if got := shares(views["ns/api:http"]); math.Abs(got["198.19.1.4:80"]-50) > 1e-6 {
+		t.Errorf("api (not in the changed set) was looked at: %v", got)
+	}
+	res, err = p.Sync(s, dataplane.FullSync)
+	if err != nil || !res.Full {
+		t.Fatalf("full sync: %+v %v", res, err)
+	}
+	if got := shares(viewsByService(t, f)["ns/api:http"]); math.Abs(got["198.19.1.4:80"]-75) > 1e-6 {
+		t.Errorf("api after the full sync: %v, want 75/25", got)
+	}
+}

@@ -344,7 +344,7 @@ func renderService(r *fragment, sp *dataplane.ServicePort, cfg Config) {
 			// Local policy: pods and the node itself still reach every
 			// endpoint (the node masqueraded); others keep their source
 			// address and reach only this node's endpoints.
-			for _, c := range cidrsOf(cfg.ClusterCIDRs, sp.VIP.IP) {
+			for _, c := range cfg.CIDRs(sp.Family()) {
 				r.add(TableNAT, ext, "-s", c.String(), "-m", "comment", "--comment", quote("pod traffic for "+name+" external destinations"), "-j", string(svc))
 			}
 			r.add(TableNAT, ext, "-m", "comment", "--comment", quote("masquerade LOCAL traffic for "+name+" external destinations"),
@@ -369,7 +369,7 @@ func renderService(r *fragment, sp *dataplane.ServicePort, cfg Config) {
 		// Off-cluster clients of the clusterIP are masqueraded so the reply
 		// comes back through this node and is un-DNATed.
 		vipMatch := []string{"-d", dst, "-p", proto}
-		switch cidrs := cidrsOf(cfg.ClusterCIDRs, sp.VIP.IP); {
+		switch cidrs := cfg.CIDRs(sp.Family()); {
 		case cfg.MasqueradeAll:
 			r.add(TableNAT, svc, append(vipMatch, "-m", "comment", "--comment", quote(name+" masquerade"),
 				"-m", proto, "--dport", dport, "-j", string(ChainMarkMasq))...)
@@ -447,17 +447,6 @@ func renderSplit(r *fragment, chain Chain, sp *dataplane.ServicePort, bs []datap
 			r.add(TableNAT, chain, "-m", "comment", "--comment", comment, "-j", string(sep))
 		}
 	}
-}
-
-// cidrsOf returns the prefixes of ps in ip's family.
-func cidrsOf(ps []netip.Prefix, ip netip.Addr) []netip.Prefix {
-	var out []netip.Prefix
-	for _, p := range ps {
-		if p.Addr().Is4() == ip.Is4() {
-			out = append(out, p)
-		}
-	}
-	return out
 }
 
 // rejectWith is the ICMP error of a refused connection in ip's family.

@@ -231,10 +231,17 @@ func TestGracefulDrain(t *testing.T) {
 
 	// The endpoint leaves: weight 0, still there for its connections.
 	gone := svc("web", "198.18.0.10", 80, dataplane.TCP, be("198.19.2.2:8080", 90))
-	k.sync(t, state(gone), false)
+	res, err := k.p.Sync(state(gone), dataplane.PartialSync)
+	if err != nil {
+		t.Fatal(err)
+	}
 	checkDump(t, k, "TCP 198.18.0.10:80 wrr\n  -> 198.19.1.2:8080 0\n  -> 198.19.2.2:8080 90\n")
 	if d := k.p.Draining()[vip]; !slices.Equal(d, []netip.AddrPort{leaving}) {
 		t.Fatalf("draining = %v", d)
+	}
+	// The result asks for a Sync soon, to delete it after its last connection.
+	if res.RequeueAfter != drainCheckInterval {
+		t.Errorf("result %+v while draining, want a requeue after %v", res, drainCheckInterval)
 	}
 	// Explain shows the draining one as receiving nothing.
 	views, err := k.p.Explain()

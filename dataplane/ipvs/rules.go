@@ -2,7 +2,6 @@ package ipvs
 
 import (
 	"fmt"
-	"net/netip"
 	"strings"
 
 	"github.com/steelyard-net/steelyard/dataplane/iptables"
@@ -59,17 +58,12 @@ func (j ipvsJump) args() []string {
 // rulesText renders the chains for iptables-restore --noflush; declaring a
 // chain flushes it, so the text replaces them whole.
 func rulesText(cfg Config) string {
-	mark := fmt.Sprintf("0x%x", uint32(1)<<cfg.MasqueradeBit)
+	mark := cfg.Mark()
 	// The sets of cfg's family (a set holds addresses of one family).
 	f := cfg.Family
 	setVIPs, setExternal, setExternalLocal := SetName(f, SetVIPs), SetName(f, SetExternal), SetName(f, SetExternalLocal)
 	setDrop, setFirewall, setSourceRanges, setLoopback := SetName(f, SetDrop), SetName(f, SetFirewall), SetName(f, SetSourceRanges), SetName(f, SetLoopback)
-	var cidrs []netip.Prefix
-	for _, c := range cfg.ClusterCIDRs {
-		if sameFamily(c.Addr(), f) {
-			cidrs = append(cidrs, c)
-		}
-	}
+	cidrs := cfg.CIDRs(f)
 	var b strings.Builder
 	add := func(c iptables.Chain, args ...string) {
 		b.WriteString("-A " + string(c) + " " + strings.Join(args, " ") + "\n")
