@@ -4,9 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"net/netip"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/steelyard-net/steelyard/dataplane"
 )
 
 // The ipsets that keep steelyard's rules a fixed handful however many
@@ -171,4 +175,195 @@ func parseSaveSets(want map[string]bool, out []byte) (map[string][]SetEntry, err
 		entries[name] = append(entries[name], e)
 	}
 	return entries, sc.Err()
+}
+
+// vipMember is the SetVIPs member of a VIP: "198.18.0.10,tcp:80".
+func vipMember(v dataplane.VIP) string {
+	return fmt.Sprintf("%s,%s:%d", v.IP, v.Protocol.Lower(), v.Port)
+}
+
+// parseVIPMember reads a SetVIPs member back.
+func parseVIPMember(m string) (dataplane.VIP, bool) {
+	ipS, rest, ok := strings.Cut(m, ",")
+	if !ok {
+		return dataplane.VIP{}, false
+	}
+	protoS, portS, ok := strings.Cut(rest, ":")
+	if !ok {
+		return dataplane.VIP{}, false
+	}
+	ip, err := netip.ParseAddr(ipS)
+	if err != nil {
+		return dataplane.VIP{}, false
+	}
+	var port uint16
+	if _, err := fmt.Sscanf(portS, "%d", &port); err != nil {
+		return dataplane.VIP{}, false
+	}
+	return dataplane.VIP{IP: ip, Port: port, Protocol: dataplane.Protocol(strings.ToUpper(protoS))}, true
+}
+
+// loopMember is the SetLoopback member of a destination of vip.
+func loopMember(vip dataplane.VIP, d netip.AddrPort) string {
+	return fmt.Sprintf("%s,%s:%d,%s", d.Addr(), vip.Protocol.Lower(), d.Port(), d.Addr())
+}
+
+// members returns the set members of an entry point, by set, with their
+// comments; the loopback members (per destination) are left to the caller.
+func (w *wantService) members() map[string]map[string]string {
+	vip := w.vs.Key()
+	m := vipMember(vip)
+	out := map[string]map[string]string{}
+	add := func(set, member, comment string) {
+		if out[set] == nil {
+			out[set] = map[string]string{}
+		}
+		out[set][member] = comment
+	}
+	switch {
+	case w.meta.entry == dataplane.EntryClusterIP:
+		add(SetVIPs, m, w.meta.comment(w.name))
+	case w.meta.local:
+		add(SetExternalLocal, m, w.meta.comment(w.name))
+	default:
+		add(SetExternal, m, w.meta.comment(w.name))
+	}
+	if w.meta.drop {
+		add(SetDrop, m, "")
+	}
+	if w.meta.ranges != "" {
+		add(SetFirewall, m, "")
+		for i, r := range strings.Split(w.meta.ranges, ",") {
+			// The comment keeps the range's position: explain shows them
+			// in the Service's order.
+			add(SetSourceRanges, m+","+r, fmt.Sprint(i))
+		}
+	}
+	return out
+}
+
+// syncSets makes the sets hold exactly the desired members, in one ipset
+// restore. Draining destinations keep their loopback member.
+func (p *Proxier) syncSets(want map[dataplane.VIP]*wantService, full bool) error {
+	wantM, haveM := map[string]map[string]string{}, map[string]map[string]string{}
+	for _, st := range setTypes {
+		wantM[st.name], haveM[st.name] = map[string]string{}, map[string]string{}
+	}
+	addWant := func(vip dataplane.VIP, w *wantService) {
+		for set, ms := range w.members() {
+			for m, c := range ms {
+				wantM[set][m] = c
+			}
+		}
+		for addr := range w.dests {
+			wantM[SetLoopback][loopMember(vip, addr)] = ""
+		}
+		for addr := range p.draining[vip] {
+			wantM[SetLoopback][loopMember(vip, addr)] = ""
+		}
+	}
+	addHave := func(vip dataplane.VIP, a *liveService) {
+		if a.want != nil {
+			for set, ms := range a.want.members() {
+				for m, c := range ms {
+					haveM[set][m] = c
+				}
+			}
+		}
+		for addr := range a.dests {
+			haveM[SetLoopback][loopMember(vip, addr)] = ""
+		}
+	}
+	if full {
+		for vip, w := range want {
+			addWant(vip, w)
+		}
+		all, err := p.sets.List(setNames())
+		if err != nil {
+			return err
+		}
+		for _, st := range setTypes {
+			for _, e := range all[st.name] {
+				haveM[st.name][e.Member] = e.Comment
+			}
+		}
+	} else {
+		// Only the Services that changed since the last Sync.
+		for vip, w := range want {
+			a := p.applied[vip]
+			if a != nil && len(p.draining[vip]) == 0 && p.unchanged(vip, a, w) {
+				continue
+			}
+			addWant(vip, w)
+			if a != nil {
+				addHave(vip, a)
+			}
+		}
+		for vip, a := range p.applied {
+			if want[vip] == nil {
+				addHave(vip, a)
+			}
+		}
+		// A loopback member is per destination, and a destination can
+		// serve several entry points (a node port and its clusterIP, two
+		// Services over one pod port): keep the members that an entry
+		// this partial Sync did not look at still needs.
+		var gone []string
+		for m := range haveM[SetLoopback] {
+			if _, ok := wantM[SetLoopback][m]; !ok {
+				gone = append(gone, m)
+			}
+		}
+		if len(gone) > 0 {
+			needed := map[string]bool{}
+			for vip, w := range want {
+				for addr := range w.dests {
+					needed[loopMember(vip, addr)] = true
+				}
+			}
+			for _, m := range gone {
+				if needed[m] {
+					wantM[SetLoopback][m] = ""
+				}
+			}
+		}
+	}
+	var b strings.Builder
+	for _, st := range setTypes {
+		diffSet(&b, st.name, wantM[st.name], haveM[st.name], st.comments)
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	if err := p.sets.Restore(b.String()); err != nil {
+		return fmt.Errorf("update ipsets: %w", err)
+	}
+	return nil
+}
+
+func diffSet(b *strings.Builder, set string, want, have map[string]string, comments bool) {
+	for _, m := range sortedKeys(have) {
+		if c, ok := want[m]; !ok || (comments && c != have[m]) {
+			fmt.Fprintf(b, "del %s %s\n", set, m)
+		}
+	}
+	for _, m := range sortedKeys(want) {
+		if c, ok := have[m]; ok && (!comments || c == want[m]) {
+			continue
+		}
+		if comments {
+			fmt.Fprintf(b, "add %s %s comment %q\n", set, m, want[m])
+		} else {
+			fmt.Fprintf(b, "add %s %s\n", set, m)
+		}
+	}
+}
+
+func sortedKeys(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
 }
