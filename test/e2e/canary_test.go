@@ -13,30 +13,30 @@ import (
 // partial: a hand edit stays until the next full sync, but a firewall
 // reload that flushes the tables is seen at the next periodic sync (the
 // canary rule is gone) and repaired by a full sync at once.
-func TestPeriodicSyncRepairsFlushedTables(t *testing.T) {
-	f := newFixture(t, "")
+func casePeriodicSyncRepairsFlushedTables(t *testing.T, m dpMode) {
+	f := newFixture(t, m)
 	f.noClusterCIDR = true
 	f.addPods(webService)
 	f.write("web.yaml", webService)
 	f.start("--sync-period", "1s")
 	ipt := func(args ...string) {
 		t.Helper()
-		if _, err := f.sb.Node.Exec(append([]string{iptablesCmd(f.mode, "iptables")}, args...)...); err != nil {
+		if _, err := f.sb.Node.Exec(append([]string{iptablesCmd(f.m.flavour, "iptables")}, args...)...); err != nil {
 			t.Fatal(err)
 		}
 	}
 
-	save, err := f.sb.Node.Exec(iptablesCmd(f.mode, "iptables-save"), "-t", "nat")
+	save, err := f.sb.Node.Exec(iptablesCmd(f.m.flavour, "iptables-save"), "-t", "nat")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile(`-A STEELYARD-SERVICES .*"e2e/web:tcp".* -j (STEELYARD-SVC-[A-Z0-9]+)`).FindStringSubmatch(save)
-	if m == nil {
+	match := regexp.MustCompile(`-A STEELYARD-SERVICES .*"e2e/web:tcp".* -j (STEELYARD-SVC-[A-Z0-9]+)`).FindStringSubmatch(save)
+	if match == nil {
 		t.Fatalf("no Service chain for e2e/web:tcp in:\n%s", save)
 	}
 	// A hand edit: three periodic syncs later it is still there (they
 	// write only what changed in the desired state: nothing).
-	ipt("-t", "nat", "-D", m[1], "1")
+	ipt("-t", "nat", "-D", match[1], "1")
 	time.Sleep(3500 * time.Millisecond)
 	out, code := f.verify()
 	if code != 1 {

@@ -21,10 +21,10 @@ import (
 	"github.com/steelyard-net/steelyard/test/viewcheck"
 )
 
-func TestEstablishedConnectionSurvivesRestartAndDrain(t *testing.T) {
+func caseEstablishedConnectionSurvivesRestartAndDrain(t *testing.T, m dpMode) {
 	even := webService
 	even.annotations = map[string]string{"steelyard.io/weights": "web-1=1,web-2=1"}
-	f := newFixture(t, "")
+	f := newFixture(t, m)
 	f.addPods(even)
 	f.write("web.yaml", even)
 	f.start()
@@ -74,12 +74,12 @@ func TestEstablishedConnectionSurvivesRestartAndDrain(t *testing.T) {
 	echo("at the end")
 }
 
-func TestRejectWithoutEndpoints(t *testing.T) {
+func caseRejectWithoutEndpoints(t *testing.T, m dpMode) {
 	empty := svc{
 		name: "empty", vip: "198.18.0.14", port: 80, targetPort: 8080,
 		extraPorts: []corev1.ServicePort{{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53, TargetPort: intstr.FromInt32(5353)}},
 	}
-	f := newFixture(t, "")
+	f := newFixture(t, m)
 	f.write("empty.yaml", empty)
 	f.start()
 
@@ -120,12 +120,12 @@ func TestRejectWithoutEndpoints(t *testing.T) {
 	}
 }
 
-func TestHairpin(t *testing.T) {
+func caseHairpin(t *testing.T, m dpMode) {
 	self := svc{
 		name: "self", vip: "198.18.0.15", port: 80, targetPort: 8080,
 		endpoints: []pod{{"self-1", "198.19.5.2"}},
 	}
-	f := newFixture(t, "")
+	f := newFixture(t, m)
 	f.addPods(self)
 	f.write("self.yaml", self)
 	f.start()
@@ -148,8 +148,8 @@ func TestHairpin(t *testing.T) {
 	}
 }
 
-func TestResyncOnFileChange(t *testing.T) {
-	f := newFixture(t, "")
+func caseResyncOnFileChange(t *testing.T, m dpMode) {
+	f := newFixture(t, m)
 	f.addPods(webService)
 	f.write("web.yaml", webService)
 	f.start()
@@ -192,8 +192,8 @@ func TestResyncOnFileChange(t *testing.T) {
 	})
 }
 
-func TestExplainVerifyAndRepair(t *testing.T) {
-	f := newFixture(t, "")
+func caseExplainVerifyAndRepair(t *testing.T, m dpMode) {
+	f := newFixture(t, m)
 	// Without --cluster-cidr the Service chain holds only endpoint rules,
 	// so rule 1 is the 10% endpoint's.
 	f.noClusterCIDR = true
@@ -223,16 +223,16 @@ func TestExplainVerifyAndRepair(t *testing.T) {
 		t.Fatalf("verify: exit %d:\n%s", code, out)
 	}
 
-	save, err := f.sb.Node.Exec(iptablesCmd(f.mode, "iptables-save"), "-t", "nat")
+	save, err := f.sb.Node.Exec(iptablesCmd(f.m.flavour, "iptables-save"), "-t", "nat")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile(`-A STEELYARD-SERVICES .*"e2e/web:tcp".* -j (STEELYARD-SVC-[A-Z0-9]+)`).FindStringSubmatch(save)
-	if m == nil {
+	match := regexp.MustCompile(`-A STEELYARD-SERVICES .*"e2e/web:tcp".* -j (STEELYARD-SVC-[A-Z0-9]+)`).FindStringSubmatch(save)
+	if match == nil {
 		t.Fatalf("no Service chain for e2e/web:tcp in:\n%s", save)
 	}
-	chain := m[1]
-	rules, err := f.sb.Node.Exec(iptablesCmd(f.mode, "iptables"), "-t", "nat", "-S", chain)
+	chain := match[1]
+	rules, err := f.sb.Node.Exec(iptablesCmd(f.m.flavour, "iptables"), "-t", "nat", "-S", chain)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +243,7 @@ func TestExplainVerifyAndRepair(t *testing.T) {
 	var out string
 	code := 0
 	for try := 1; try <= 5 && code == 0; try++ {
-		if _, err := f.sb.Node.Exec(iptablesCmd(f.mode, "iptables"), "-t", "nat", "-D", chain, "1"); err != nil {
+		if _, err := f.sb.Node.Exec(iptablesCmd(f.m.flavour, "iptables"), "-t", "nat", "-D", chain, "1"); err != nil {
 			t.Fatal(err)
 		}
 		out, code = f.verify()
@@ -264,7 +264,7 @@ func TestExplainVerifyAndRepair(t *testing.T) {
 	// hairpin connections: verify must notice that too.
 	code = 0
 	for try := 1; try <= 5 && code == 0; try++ {
-		if _, err := f.sb.Node.Exec(iptablesCmd(f.mode, "iptables"), "-t", "nat", "-F", "STEELYARD-POSTROUTING"); err != nil {
+		if _, err := f.sb.Node.Exec(iptablesCmd(f.m.flavour, "iptables"), "-t", "nat", "-F", "STEELYARD-POSTROUTING"); err != nil {
 			t.Fatal(err)
 		}
 		out, code = f.verify()
@@ -276,64 +276,105 @@ func TestExplainVerifyAndRepair(t *testing.T) {
 	f.waitVerify(5 * time.Second)
 }
 
-func TestCleanupRemovesOnlySteelyard(t *testing.T) {
-	modes := []string{""}
-	if hasIPTablesMode {
-		modes = []string{"nft", "legacy"}
+func caseCleanupRemovesOnlySteelyard(t *testing.T, m dpMode) {
+	f := newFixture(t, m)
+	f.addPods(webService)
+	f.write("web.yaml", webService)
+
+	// Someone else's rules, where the agent writes its own.
+	f.m.addForeign(t, f)
+	before := f.m.ruleset(t, f)
+
+	f.start()
+	if err := f.agent.Stop(); err != nil {
+		t.Errorf("agent exit on SIGTERM: %v", err)
 	}
-	for _, mode := range modes {
-		t.Run(map[string]string{"": "default", "nft": "nft", "legacy": "legacy"}[mode], func(t *testing.T) {
-			f := newFixture(t, mode)
-			f.addPods(webService)
-			f.write("web.yaml", webService)
-
-			ipt := func(args ...string) {
-				t.Helper()
-				if _, err := f.sb.Node.Exec(append([]string{iptablesCmd(mode, "iptables")}, args...)...); err != nil {
-					t.Fatal(err)
-				}
-			}
-			// Someone else's rules, in both tables the agent writes.
-			ipt("-t", "nat", "-N", "FOREIGN-NAT")
-			ipt("-t", "nat", "-A", "FOREIGN-NAT", "-d", "198.18.1.1/32", "-j", "RETURN")
-			ipt("-t", "nat", "-A", "PREROUTING", "-m", "comment", "--comment", "foreign", "-j", "FOREIGN-NAT")
-			ipt("-t", "nat", "-A", "POSTROUTING", "-s", "198.19.200.0/24", "-j", "MASQUERADE")
-			ipt("-t", "filter", "-A", "FORWARD", "-d", "198.18.1.2/32", "-m", "comment", "--comment", "foreign", "-j", "ACCEPT")
-			before := f.rules(mode)
-
-			f.start()
-			if err := f.agent.Stop(); err != nil {
-				t.Errorf("agent exit on SIGTERM: %v", err)
-			}
-			during := f.rules(mode)
-			if !strings.Contains(strings.Join(during, "\n"), "STEELYARD-") {
-				t.Fatal("no STEELYARD rules left after SIGTERM (they should stay)")
-			}
-
-			if out, err := f.steelyard(append([]string{"cleanup"}, f.modeArgs()...)...); err != nil {
-				t.Fatalf("cleanup: %v\n%s", err, out)
-			}
-			after := f.rules(mode)
-			if diff := diffLines(before, after); diff != "" {
-				t.Errorf("rules after cleanup differ from before the agent ran:\n%s", diff)
-			}
-			for _, flavour := range []string{"nft", "legacy"} {
-				out, err := f.sb.Node.Exec(iptablesCmd(flavour, "iptables-save"))
-				if err != nil {
-					t.Fatal(err)
-				}
-				if strings.Contains(out, "STEELYARD") {
-					t.Errorf("iptables-%s-save still shows STEELYARD after cleanup:\n%s", flavour, out)
-				}
-			}
-			t.Logf("cleanup kept the %d foreign rules and chains and removed %d STEELYARD lines", len(after), len(during)-len(after))
-
-			// Idempotent: a second cleanup is fine.
-			if out, err := f.steelyard(append([]string{"cleanup"}, f.modeArgs()...)...); err != nil {
-				t.Errorf("second cleanup: %v\n%s", err, out)
-			}
-		})
+	during := f.m.ruleset(t, f)
+	if !strings.Contains(strings.Join(during, "\n"), f.m.marker()) {
+		t.Fatalf("no %s rules left after SIGTERM (they should stay)", f.m.marker())
 	}
+
+	if out, err := f.steelyard(append([]string{"cleanup"}, f.modeArgs()...)...); err != nil {
+		t.Fatalf("cleanup: %v\n%s", err, out)
+	}
+	after := f.m.ruleset(t, f)
+	if diff := diffLines(before, after); diff != "" {
+		t.Errorf("rules after cleanup differ from before the agent ran:\n%s", diff)
+	}
+	if f.m.flavour != "" {
+		for _, flavour := range []string{"nft", "legacy"} {
+			out, err := f.sb.Node.Exec(iptablesCmd(flavour, "iptables-save"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(out, "STEELYARD") {
+				t.Errorf("iptables-%s-save still shows STEELYARD after cleanup:\n%s", flavour, out)
+			}
+		}
+	}
+	if v := f.explain(); len(v) != 0 {
+		t.Errorf("explain after cleanup: %v", v)
+	}
+	t.Logf("cleanup kept the %d foreign lines and removed %d of steelyard's", len(after), len(during)-len(after))
+
+	// Idempotent: a second cleanup is fine.
+	if out, err := f.steelyard(append([]string{"cleanup"}, f.modeArgs()...)...); err != nil {
+		t.Errorf("second cleanup: %v\n%s", err, out)
+	}
+}
+
+// addForeign writes someone else's rules where the mode writes its own:
+// chains and jumps in both iptables tables, or a neighbour nft table.
+func (m dpMode) addForeign(t *testing.T, f *fixture) {
+	t.Helper()
+	run := func(args ...string) {
+		t.Helper()
+		if _, err := f.sb.Node.Exec(args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m.flavour == "" {
+		run("nft", "add table ip neighbour")
+		run("nft", "add chain ip neighbour prerouting { type nat hook prerouting priority dstnat ; }")
+		run("nft", "add rule ip neighbour prerouting ip daddr 198.18.1.1 return")
+		return
+	}
+	ipt := iptablesCmd(m.flavour, "iptables")
+	run(ipt, "-t", "nat", "-N", "FOREIGN-NAT")
+	run(ipt, "-t", "nat", "-A", "FOREIGN-NAT", "-d", "198.18.1.1/32", "-j", "RETURN")
+	run(ipt, "-t", "nat", "-A", "PREROUTING", "-m", "comment", "--comment", "foreign", "-j", "FOREIGN-NAT")
+	run(ipt, "-t", "nat", "-A", "POSTROUTING", "-s", "198.19.200.0/24", "-j", "MASQUERADE")
+	run(ipt, "-t", "filter", "-A", "FORWARD", "-d", "198.18.1.2/32", "-m", "comment", "--comment", "foreign", "-j", "ACCEPT")
+}
+
+// marker is what the mode's own rules show in ruleset.
+func (m dpMode) marker() string {
+	if m.flavour == "" {
+		return "table ip steelyard"
+	}
+	return "STEELYARD-"
+}
+
+// ruleset returns the mode's kernel rules of the node namespace, one
+// normalised line each, sorted: iptables-save lines of the flavour, or
+// the whole `nft list ruleset`.
+func (m dpMode) ruleset(t *testing.T, f *fixture) []string {
+	t.Helper()
+	if m.flavour != "" {
+		return f.rules(m.flavour)
+	}
+	out, err := f.sb.Node.Exec("nft", "list", "ruleset")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, l := range strings.Split(out, "\n") {
+		if l = strings.TrimSpace(l); l != "" && l != "}" {
+			lines = append(lines, l)
+		}
+	}
+	sort.Strings(lines)
+	return lines
 }
 
 // rules returns the rules and user chains of the node namespace

@@ -8,7 +8,6 @@ import (
 	"math"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -25,12 +24,8 @@ import (
 	"github.com/steelyard-net/steelyard/test/sandbox"
 )
 
-var (
-	// steelyardBin is the agent binary under test.
-	steelyardBin string
-	// hasIPTablesMode tells whether the agent takes --iptables-mode.
-	hasIPTablesMode bool
-)
+// steelyardBin is the agent binary under test.
+var steelyardBin string
 
 func TestMain(m *testing.M) {
 	os.Exit(testMain(m))
@@ -44,12 +39,6 @@ func testMain(m *testing.M) int {
 	}
 	defer cleanup()
 	steelyardBin = bin
-	if help, err := exec.Command(steelyardBin, "run", "--help").CombinedOutput(); err == nil {
-		hasIPTablesMode = strings.Contains(string(help), "--iptables-mode")
-	} else {
-		fmt.Fprintf(os.Stderr, "e2e: %s run --help: %v\n%s", steelyardBin, err, help)
-		return 1
-	}
 	stop := sandbox.CloseOnSignal()
 	defer stop()
 	return m.Run()
@@ -133,23 +122,22 @@ type fixture struct {
 	sb     *sandbox.Sandbox
 	client *sandbox.NS
 	dir    string
-	// mode is the --iptables-mode given to every steelyard command ("" for
-	// the agent's default).
-	mode  string
+	// m is the dataplane mode of every steelyard command.
+	m     dpMode
 	agent *sandbox.Agent
 	// noClusterCIDR starts the agent without --cluster-cidr, so Service
 	// chains hold only the endpoint rules.
 	noClusterCIDR bool
 }
 
-func newFixture(t *testing.T, mode string) *fixture {
+func newFixture(t *testing.T, m dpMode) *fixture {
 	t.Helper()
 	sb := sandbox.NewT(t, sandbox.Options{})
 	client, err := sb.AddClient(netip.Addr{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &fixture{t: t, sb: sb, client: client, dir: t.TempDir(), mode: mode}
+	return &fixture{t: t, sb: sb, client: client, dir: t.TempDir(), m: m}
 }
 
 // addPods starts a pod (servers on the Service's target port) for every
@@ -189,13 +177,7 @@ func (f *fixture) write(file string, services ...svc) {
 	}
 }
 
-func (f *fixture) modeArgs() []string {
-	args := []string{"--mode", "iptables"}
-	if f.mode != "" {
-		args = append(args, "--iptables-mode", f.mode)
-	}
-	return args
-}
+func (f *fixture) modeArgs() []string { return f.m.args }
 
 // start runs the agent on the manifest directory (with --cluster-cidr
 // unless f.noClusterCIDR) plus extra flags, and waits until verify passes.
@@ -225,7 +207,7 @@ func (f *fixture) start(extra ...string) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	f.t.Logf("agent ready (first sync done, verify passes) %s after start", time.Since(start).Round(time.Millisecond))
+	f.t.Logf("agent ready in %s (first sync done, verify passes) %s after start", f.m.name, time.Since(start).Round(time.Millisecond))
 }
 
 // agentSynced tells whether an agent log (text or JSON format) shows a

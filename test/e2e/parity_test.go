@@ -211,7 +211,7 @@ func findView(t *testing.T, views []dataplane.ServiceView, key string) dataplane
 	return dataplane.ServiceView{}
 }
 
-func TestNodePort(t *testing.T) {
+func caseNodePort(t *testing.T, m dpMode) {
 	web := pService{
 		name: "np", clusterIPs: []string{"198.18.0.20"}, port: 80, targetPort: 8080, weights: "np-1=10,np-2=90",
 		endpoints: []pEndpoint{{name: "np-1", ip: "198.19.20.2"}, {name: "np-2", ip: "198.19.20.3", node: "other-node"}},
@@ -220,7 +220,7 @@ func TestNodePort(t *testing.T) {
 			s.Spec.Ports[0].NodePort = 30080
 		},
 	}
-	f := newFixture(t, "")
+	f := newFixture(t, m)
 	f.addSourcePods(web)
 	f.writeParity("np.yaml", web)
 	f.start()
@@ -247,7 +247,7 @@ func TestNodePort(t *testing.T) {
 	}
 }
 
-func TestExternalIPsAndLoadBalancerSourceRanges(t *testing.T) {
+func caseExternalIPsAndLoadBalancerSourceRanges(t *testing.T, m dpMode) {
 	lb := pService{
 		name: "lb", clusterIPs: []string{"198.18.0.21"}, port: 80, targetPort: 8080, weights: "lb-1=10,lb-2=90",
 		endpoints: []pEndpoint{{name: "lb-1", ip: "198.19.21.2"}, {name: "lb-2", ip: "198.19.21.3"}},
@@ -259,7 +259,7 @@ func TestExternalIPsAndLoadBalancerSourceRanges(t *testing.T) {
 			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.18.2.10"}}
 		},
 	}
-	f := newFixture(t, "")
+	f := newFixture(t, m)
 	outsider, err := f.sb.AddClient(netip.MustParseAddr("198.19.254.200"))
 	if err != nil {
 		t.Fatal(err)
@@ -283,13 +283,7 @@ func TestExternalIPsAndLoadBalancerSourceRanges(t *testing.T) {
 	dropped(t, outsider, "load-balancer IP from outside loadBalancerSourceRanges", ap("198.18.2.10:80"))
 }
 
-func TestExternalTrafficPolicyLocal(t *testing.T) {
-	for _, mode := range iptablesModes(t) {
-		t.Run(modeName(mode), func(t *testing.T) { testExternalTrafficPolicyLocal(t, mode) })
-	}
-}
-
-func testExternalTrafficPolicyLocal(t *testing.T, mode string) {
+func caseExternalTrafficPolicyLocal(t *testing.T, m dpMode) {
 	local := pService{
 		name: "etp", clusterIPs: []string{"198.18.0.22"}, port: 80, targetPort: 8080, weights: "etp-1=1,etp-2=3,etp-3=6",
 		endpoints: []pEndpoint{
@@ -315,7 +309,7 @@ func testExternalTrafficPolicyLocal(t *testing.T, mode string) {
 			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.18.2.21"}}
 		},
 	}
-	f := newFixture(t, mode)
+	f := newFixture(t, m)
 	f.addSourcePods(local, remote)
 	f.writeParity("etp.yaml", local, remote)
 	f.start()
@@ -368,7 +362,7 @@ func testExternalTrafficPolicyLocal(t *testing.T, mode string) {
 	}
 }
 
-func TestInternalTrafficPolicyLocal(t *testing.T) {
+func caseInternalTrafficPolicyLocal(t *testing.T, m dpMode) {
 	itp := pService{
 		name: "itp", clusterIPs: []string{"198.18.0.24"}, port: 80, targetPort: 8080, weights: "itp-1=1,itp-2=3,itp-3=6",
 		endpoints: []pEndpoint{
@@ -388,7 +382,7 @@ func TestInternalTrafficPolicyLocal(t *testing.T) {
 			s.Spec.InternalTrafficPolicy = &p
 		},
 	}
-	f := newFixture(t, "")
+	f := newFixture(t, m)
 	f.addSourcePods(itp, none)
 	f.writeParity("itp.yaml", itp, none)
 	f.start()
@@ -399,22 +393,9 @@ func TestInternalTrafficPolicyLocal(t *testing.T) {
 	dropped(t, pod, "clusterIP without a local endpoint", ap("198.18.0.25:80"))
 }
 
-// TestSessionAffinity runs in both iptables flavours: -m recent and
+// caseSessionAffinity matters in both iptables flavours: -m recent and
 // -m addrtype go through the nft flavour's xtables compatibility layer.
-func TestSessionAffinity(t *testing.T) {
-	for _, mode := range iptablesModes(t) {
-		t.Run(modeName(mode), func(t *testing.T) { testSessionAffinity(t, mode) })
-	}
-}
-
-func modeName(mode string) string {
-	if mode == "" {
-		return "default"
-	}
-	return mode
-}
-
-func testSessionAffinity(t *testing.T, mode string) {
+func caseSessionAffinity(t *testing.T, m dpMode) {
 	const timeout = 2
 	aff := pService{
 		name: "aff", clusterIPs: []string{"198.18.0.26"}, port: 80, targetPort: 8080, weights: "aff-1=20,aff-2=80",
@@ -427,7 +408,7 @@ func testSessionAffinity(t *testing.T, mode string) {
 			s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: &sec}}
 		},
 	}
-	f := newFixture(t, mode)
+	f := newFixture(t, m)
 	f.addSourcePods(aff)
 	f.writeParity("aff.yaml", aff)
 	f.start()
@@ -507,7 +488,7 @@ func testSessionAffinity(t *testing.T, mode string) {
 	}
 }
 
-func TestTopologyHints(t *testing.T) {
+func caseTopologyHints(t *testing.T, m dpMode) {
 	t.Setenv("NODE_ZONE", "zone-a")
 	hinted := pService{
 		name: "topo", clusterIPs: []string{"198.18.0.27"}, port: 80, targetPort: 8080, weights: "topo-1=1,topo-2=5,topo-3=3",
@@ -528,7 +509,7 @@ func TestTopologyHints(t *testing.T) {
 			s.Spec.TrafficDistribution = &d
 		},
 	}
-	f := newFixture(t, "")
+	f := newFixture(t, m)
 	f.addSourcePods(hinted, close)
 	f.writeParity("topo.yaml", hinted, close)
 	f.start()
@@ -538,20 +519,24 @@ func TestTopologyHints(t *testing.T) {
 	conns(t, f.client, "PreferClose", ap("198.18.0.28:80"), 500, map[string]float64{"close-1": 100}, 0)
 }
 
-func TestIPv6(t *testing.T) {
+// caseIPv6 checks a dual-stack Service's clusterIPs, and its node port in
+// both families with nodePort.
+func caseIPv6(t *testing.T, m dpMode, nodePort bool) {
 	dual := pService{
 		name: "v6", clusterIPs: []string{"198.18.0.29", "2001:2::50"}, port: 80, targetPort: 8080, weights: "v6-1=10,v6-2=90",
 		endpoints:  []pEndpoint{{name: "v6-1", ip: "198.19.26.2"}, {name: "v6-2", ip: "198.19.26.3"}},
 		endpoints6: []pEndpoint{{name: "v6-1", ip: "2001:2:0:1::2"}, {name: "v6-2", ip: "2001:2:0:1::3"}},
 		tweak: func(s *corev1.Service) {
-			s.Spec.Type = corev1.ServiceTypeNodePort
-			s.Spec.Ports[0].NodePort = 30085
+			if nodePort {
+				s.Spec.Type = corev1.ServiceTypeNodePort
+				s.Spec.Ports[0].NodePort = 30085
+			}
 			s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
 			pol := corev1.IPFamilyPolicyRequireDualStack
 			s.Spec.IPFamilyPolicy = &pol
 		},
 	}
-	f := newFixture(t, "")
+	f := newFixture(t, m)
 	if err := f.sb.EnableIPv6(); err != nil {
 		t.Fatal(err)
 	}
@@ -567,7 +552,11 @@ func TestIPv6(t *testing.T) {
 	f.writeParity("v6.yaml", dual)
 	f.start("--cluster-cidr", sandbox.ClusterCIDR6.String())
 	views := f.explain()
-	for _, key := range []string{"198.18.0.29:80/TCP", "[2001:2::50]:80/TCP", "[::]:30085/TCP", "0.0.0.0:30085/TCP"} {
+	keys := []string{"198.18.0.29:80/TCP", "[2001:2::50]:80/TCP"}
+	if nodePort {
+		keys = append(keys, "[::]:30085/TCP", "0.0.0.0:30085/TCP")
+	}
+	for _, key := range keys {
 		v := findView(t, views, key)
 		t.Logf("explain: %s", v.Line())
 	}
@@ -577,19 +566,21 @@ func TestIPv6(t *testing.T) {
 	split := map[string]float64{"v6-1": 10, "v6-2": 90}
 	// 5,000 at 10/90: 2 points = 4.7 sigma.
 	conns(t, f.client, "IPv6 clusterIP", ap("[2001:2::50]:80"), 5000, split, 2)
-	conns(t, f.client, "IPv6 node port", ap("[2001:2:0:fd::1]:30085"), 2000, split, 3)
+	if nodePort {
+		conns(t, f.client, "IPv6 node port", ap("[2001:2:0:fd::1]:30085"), 2000, split, 3)
+	}
 	conns(t, f.client, "IPv4 of the same Service", ap("198.18.0.29:80"), 2000, split, 3)
 }
 
 func ptr[T any](v T) *T { return &v }
 
-func TestNodePortUDP(t *testing.T) {
+func caseNodePortUDP(t *testing.T, m dpMode) {
 	dns := svc{
 		name: "np-dns", vip: "198.18.0.30", proto: corev1.ProtocolUDP, port: 53, targetPort: 5353,
 		annotations: map[string]string{"steelyard.io/weights": "npd-1=10,npd-2=90"},
 		endpoints:   []pod{{"npd-1", "198.19.27.2"}, {"npd-2", "198.19.27.3"}},
 	}
-	f := newFixture(t, "")
+	f := newFixture(t, m)
 	f.addPods(dns)
 	objs := dns.objects()
 	svcObj := objs[0].(*corev1.Service)

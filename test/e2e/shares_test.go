@@ -52,57 +52,54 @@ var (
 	}
 )
 
-// iptablesModes returns the flavours to run the share tests in: both when
-// the agent can be told which, else only its default.
-func iptablesModes(t *testing.T) []string {
-	if hasIPTablesMode {
-		return []string{"nft", "legacy"}
+func caseTCPShares(t *testing.T, m dpMode) {
+	f := newFixture(t, m)
+	f.addPods(webService, quadService)
+	f.write("services.yaml", webService, quadService)
+	f.start()
+	checkFlavour(t, f, m)
+
+	views := f.explain()
+	if got := viewcheck.Shares(viewcheck.Find(views, "198.18.0.10", 80)); !viewcheck.Same(got, map[string]float64{"198.19.1.2": 10, "198.19.1.3": 90}) {
+		t.Errorf("explain web: %v, want 10/90", got)
 	}
-	t.Log("the agent has no --iptables-mode flag: testing its default flavour only")
-	return []string{""}
+
+	r, err := f.client.TCPConns(addrPort(webService.vip, 80), tcp1090Conns, sandbox.Load{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("10/90: %s", r)
+	expectShares(t, r, map[string]float64{"web-1": 10, "web-2": 90}, 1)
+
+	r, err = f.client.TCPConns(addrPort(quadService.vip, 80), tcp1234Conns, sandbox.Load{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("1:2:3:4: %s", r)
+	expectShares(t, r, map[string]float64{"quad-1": 10, "quad-2": 20, "quad-3": 30, "quad-4": 40}, 1)
 }
 
-func TestTCPShares(t *testing.T) {
-	for _, mode := range iptablesModes(t) {
-		name := mode
-		if name == "" {
-			name = "default"
-		}
-		t.Run(name, func(t *testing.T) {
-			f := newFixture(t, mode)
-			f.addPods(webService, quadService)
-			f.write("services.yaml", webService, quadService)
-			f.start()
-			if mode != "" {
-				checkFlavour(t, f, mode)
-			}
-
-			views := f.explain()
-			if got := viewcheck.Shares(viewcheck.Find(views, "198.18.0.10", 80)); !viewcheck.Same(got, map[string]float64{"198.19.1.2": 10, "198.19.1.3": 90}) {
-				t.Errorf("explain web: %v, want 10/90", got)
-			}
-
-			r, err := f.client.TCPConns(addrPort(webService.vip, 80), tcp1090Conns, sandbox.Load{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Logf("10/90: %s", r)
-			expectShares(t, r, map[string]float64{"web-1": 10, "web-2": 90}, 1)
-
-			r, err = f.client.TCPConns(addrPort(quadService.vip, 80), tcp1234Conns, sandbox.Load{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Logf("1:2:3:4: %s", r)
-			expectShares(t, r, map[string]float64{"quad-1": 10, "quad-2": 20, "quad-3": 30, "quad-4": 40}, 1)
-		})
-	}
-}
-
-// checkFlavour checks that the rules are in mode's tables and not in the
-// other flavour's.
-func checkFlavour(t *testing.T, f *fixture, mode string) {
+// checkFlavour checks that the rules are where the mode writes them: in
+// the flavour's iptables and not in the other flavour's, or in steelyard's
+// nft tables and in no iptables.
+func checkFlavour(t *testing.T, f *fixture, m dpMode) {
 	t.Helper()
+	if m.flavour == "" {
+		tables, err := f.sb.Node.Exec("nft", "list", "tables")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(tables, "table ip steelyard") || !strings.Contains(tables, "table ip6 steelyard") {
+			t.Errorf("nftables mode: tables %q, want ip and ip6 steelyard", tables)
+		}
+		for _, flavour := range []string{"nft", "legacy"} {
+			if out, err := f.sb.Node.Exec(iptablesCmd(flavour, "iptables-save")); err == nil && strings.Contains(out, "STEELYARD-") {
+				t.Errorf("nftables mode: STEELYARD rules in iptables-%s-save", flavour)
+			}
+		}
+		return
+	}
+	mode := m.flavour
 	other := map[string]string{"nft": "legacy", "legacy": "nft"}[mode]
 	mine, err := f.sb.Node.Exec(iptablesCmd(mode, "iptables-save"))
 	if err != nil {
@@ -120,13 +117,13 @@ func checkFlavour(t *testing.T, f *fixture, mode string) {
 	}
 }
 
-func TestWeightZeroGetsNothing(t *testing.T) {
+func caseWeightZeroGetsNothing(t *testing.T, m dpMode) {
 	zero := svc{
 		name: "zero", vip: "198.18.0.12", port: 80, targetPort: 8080,
 		annotations: map[string]string{"steelyard.io/weights": "zero-1=1,zero-2=0,zero-3=1"},
 		endpoints:   []pod{{"zero-1", "198.19.3.2"}, {"zero-2", "198.19.3.3"}, {"zero-3", "198.19.3.4"}},
 	}
-	f := newFixture(t, "")
+	f := newFixture(t, m)
 	f.addPods(zero)
 	f.write("zero.yaml", zero)
 	f.start()
@@ -146,8 +143,8 @@ func TestWeightZeroGetsNothing(t *testing.T) {
 	}
 }
 
-func TestUDPShares(t *testing.T) {
-	f := newFixture(t, "")
+func caseUDPShares(t *testing.T, m dpMode) {
+	f := newFixture(t, m)
 	f.addPods(dnsService)
 	f.write("dns.yaml", dnsService)
 	f.start()
@@ -163,8 +160,8 @@ func TestUDPShares(t *testing.T) {
 // TestOtherOrigins checks the split for connections that do not come from
 // the client LAN: from the node itself (locally originated, DNAT in OUTPUT)
 // and from a pod (in the cluster CIDR, so not masqueraded).
-func TestOtherOrigins(t *testing.T) {
-	f := newFixture(t, "")
+func caseOtherOrigins(t *testing.T, m dpMode) {
+	f := newFixture(t, m)
 	f.addPods(webService, quadService)
 	f.write("services.yaml", webService, quadService)
 	f.start()
