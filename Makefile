@@ -61,6 +61,7 @@ e2e:
 
 k8s: control-plane
 	$(ROOT) env STEELYARD_BIN=$(CURDIR)/bin/steelyard $(GO) test -tags k8s -count=1 -timeout 30m -v ./test/controlplane/ ./test/k8s/
+	$(ROOT) env STEELYARD_BIN=$(CURDIR)/bin/steelyard STEELYARD_MODE=nftables $(GO) test -tags k8s -count=1 -timeout 30m -v ./test/k8s/
 
 # The IPVS dataplane on a real kernel: Debian's cloud kernel (IPVS as
 # modules) booted under qemu with a small initramfs (scripts/vm/), the suite

@@ -482,7 +482,8 @@ func onRoundingBoundary(w []int) bool {
 	return false
 }
 
-// restoreRunning tells whether process pid has an iptables-restore child.
+// restoreRunning tells whether process pid has a child that writes the
+// kernel in one transaction: iptables-restore, or nft in nftables mode.
 func restoreRunning(pid int) bool {
 	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
 	for _, f := range tasks {
@@ -492,7 +493,8 @@ func restoreRunning(pid int) bool {
 		}
 		for _, c := range strings.Fields(string(b)) {
 			cmd, err := os.ReadFile("/proc/" + c + "/cmdline")
-			if err == nil && strings.Contains(strings.SplitN(string(cmd), "\x00", 2)[0], "restore") {
+			arg0 := strings.SplitN(string(cmd), "\x00", 2)[0]
+			if err == nil && (strings.Contains(arg0, "restore") || agentMode == "nftables" && filepath.Base(arg0) == "nft") {
 				return true
 			}
 		}

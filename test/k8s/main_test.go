@@ -46,6 +46,10 @@ func testMain(m *testing.M) int {
 	}
 	defer cleanup()
 	steelyardBin = bin
+	if m := os.Getenv("STEELYARD_MODE"); m != "" {
+		agentMode = m
+	}
+	fmt.Fprintf(os.Stderr, "k8s: every agent and CLI command runs with --mode %s (STEELYARD_MODE)\n", agentMode)
 	if out, err := exec.Command(steelyardBin, "version").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "k8s: %s version: %v\n%s", steelyardBin, err, out)
 		return 1
@@ -53,6 +57,20 @@ func testMain(m *testing.M) int {
 	stop := sandbox.CloseOnSignal()
 	defer stop()
 	return m.Run()
+}
+
+// agentMode is the dataplane mode (--mode) of every agent and CLI command
+// of the suite: $STEELYARD_MODE, iptables by default. `make k8s` runs the
+// suite once per mode.
+var agentMode = "iptables"
+
+// notYetNFTables skips the test in nftables mode when it needs features
+// the nftables dataplane does not serve yet (the one place that says so
+// for this suite).
+func notYetNFTables(t *testing.T, features string) {
+	if agentMode == "nftables" {
+		t.Skipf("nftables: not yet: %s", features)
+	}
 }
 
 // Names shared by the tests.
@@ -265,7 +283,7 @@ func (e *env) agentArgs(kubeconfig string, extra ...string) []string {
 		"run", "--kubeconfig", kubeconfig, "--node-name", nodeName,
 		"--cluster-cidr", sandbox.ClusterCIDR.String(),
 		"--metrics-bind-address", metricsAddr, "--healthz-bind-address", healthzAddr,
-		"--log-level", "debug",
+		"--log-level", "debug", "--mode", agentMode,
 	}
 	return append(args, extra...)
 }
@@ -304,7 +322,11 @@ func syncedLines(log string) int {
 
 // steelyard runs a steelyard command in the node namespace and returns its
 // standard output and error and its exit code (-1: did not run).
+// explain, verify and cleanup get the suite's --mode.
 func (e *env) steelyard(args ...string) (stdout, stderr string, code int) {
+	if len(args) > 0 && (args[0] == "explain" || args[0] == "verify" || args[0] == "cleanup") {
+		args = append([]string{args[0], "--mode", agentMode}, args[1:]...)
+	}
 	o, s, err := e.sb.Node.Exec2(append([]string{steelyardBin}, args...)...)
 	return o, s, sandbox.ExitCode(err)
 }
@@ -447,10 +469,15 @@ func histogram(m map[string]float64, name string) (count, sum, maxBound float64)
 	return count, sum, maxBound
 }
 
-// iptablesSave returns `iptables-save` of the node namespace.
-func (e *env) iptablesSave() string {
+// ruleset returns the node namespace's rules of the suite's mode:
+// `iptables-save`, or `nft list ruleset` in nftables mode.
+func (e *env) ruleset() string {
 	e.t.Helper()
-	out, err := e.sb.Node.Exec("iptables-save")
+	cmd := []string{"iptables-save"}
+	if agentMode == "nftables" {
+		cmd = []string{"nft", "list", "ruleset"}
+	}
+	out, err := e.sb.Node.Exec(cmd...)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -463,11 +490,19 @@ var sharedChains = map[string]bool{
 	"STEELYARD-POSTROUTING": true, "STEELYARD-FORWARD": true,
 }
 
-// serviceChains returns the steelyard chains of iptables-save text that
-// belong to Service ns/name alone: those holding or jumped to by a rule
-// whose comment names it.
+// serviceChains returns the steelyard chains of a ruleset (see ruleset)
+// that belong to Service ns/name alone: in iptables those holding or jumped
+// to by a rule whose comment names it; in nftables the chains whose
+// readable name suffix names it.
 func serviceChains(save, nsName string) []string {
 	found := map[string]bool{}
+	if agentMode == "nftables" {
+		for _, l := range strings.Split(save, "\n") {
+			if f := strings.Fields(l); len(f) >= 2 && f[0] == "chain" && strings.Contains(f[1], "-"+nsName+"/") {
+				found[strings.Trim(f[1], `"`)] = true
+			}
+		}
+	}
 	for _, l := range strings.Split(save, "\n") {
 		if !strings.Contains(l, `"`+nsName+":") {
 			continue

@@ -86,7 +86,7 @@ func TestServiceProxyName(t *testing.T) {
 	check("steelyard", map[string]bool{"labelled": true})
 	check("", map[string]bool{"unlabelled": true})
 
-	save := e.iptablesSave()
+	save := e.ruleset()
 	for _, name := range []string{"labelled", "other"} {
 		if chains := serviceChains(save, testNS+"/"+name); len(chains) > 0 {
 			t.Errorf("chains of %s remain after the agent without the flag synced: %v", name, chains)

@@ -50,10 +50,10 @@ func TestWeightsThroughAPI(t *testing.T) {
 	}
 	expectShares(t, r, map[string]float64{"a": 50, "b": 50}, 2.5)
 
-	chains := serviceChains(e.iptablesSave(), testNS+"/web")
+	chains := serviceChains(e.ruleset(), testNS+"/web")
 	t.Logf("chains of %s/web before the delete: %v", testNS, chains)
 	if len(chains) < 3 { // one Service chain and two endpoint chains at least
-		t.Fatalf("found only %d chains of %s/web in iptables-save", len(chains), testNS)
+		t.Fatalf("found only %d chains of %s/web in the ruleset", len(chains), testNS)
 	}
 	// Only the Service goes: its EndpointSlice stays behind (nothing here
 	// garbage-collects it), which must not keep any rule alive.
@@ -65,14 +65,14 @@ func TestWeightsThroughAPI(t *testing.T) {
 		return v == nil, "still listed"
 	})
 	t.Logf("Service deleted -> explain no longer lists %s after %v", vip, took.Round(time.Millisecond))
-	save := e.iptablesSave()
+	save := e.ruleset()
 	for _, c := range chains {
 		if strings.Contains(save, c) {
-			t.Errorf("chain %s of the deleted Service is still in iptables-save", c)
+			t.Errorf("chain %s of the deleted Service is still in the ruleset", c)
 		}
 	}
 	if strings.Contains(save, testNS+"/web") || strings.Contains(save, vip) {
-		t.Errorf("iptables-save still mentions the deleted Service:\n%s", save)
+		t.Errorf("the ruleset still mentions the deleted Service:\n%s", save)
 	}
 	if out, code := e.verify(); code != 0 {
 		t.Errorf("verify after the delete: exit %d:\n%s", code, out)
