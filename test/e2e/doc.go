@@ -5,6 +5,16 @@
 // restarts and weight changes, re-sync on file changes, explain/verify and
 // cleanup.
 //
+// The suite is one table (modes_test.go): TestKernel runs every case of
+// kernelCases in every mode of dpModes (iptables-legacy, iptables-nft,
+// nftables) as TestKernel/<case>/<mode>, e.g.
+//
+//	sudo go test -tags e2e ./test/e2e/ -v -run 'TestKernel/TCPShares/nftables'
+//
+// A case that needs a feature a mode does not serve yet is skipped in that
+// mode only, with "<mode>: not yet: <feature>"; notYet is the one place
+// that says which.
+//
 // The tests carry the build tag e2e and need root; they fail (never skip)
 // without it:
 //

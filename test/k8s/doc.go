@@ -12,6 +12,10 @@
 //	sudo STEELYARD_BIN=$PWD/bin/steelyard go test -tags k8s -count=1 -v ./test/k8s/
 //
 // TestMain builds cmd/steelyard once unless $STEELYARD_BIN names a binary.
+// $STEELYARD_MODE (iptables by default, or nftables) is the --mode of every
+// agent and CLI command; `make k8s` runs the suite in both. In nftables
+// mode notYetNFTables skips the tests that need features that dataplane
+// does not serve yet.
 //
 // Each test starts its own control plane (fresh etcd data) and sandbox. The
 // API server listens on 127.0.0.1 of the test's own network namespace; the
