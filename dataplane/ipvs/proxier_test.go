@@ -919,3 +919,23 @@ func TestSharedLoopbackMember(t *testing.T) {
 		t.Errorf("loopback member of a destination still used by b removed: %v", loop)
 	}
 }
+
+// A partial Sync trusts the change tracker's set: the virtual servers of
+// Services outside SyncRequest.Changed are reused as built last time,
+// without comparing their ports; a full Sync compares everything.
+func TestPartialSyncBuildsOnlyTheChangedServices(t *testing.T) {
+	k := newTestKernel(t)
+	web := svc("web", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2:8080", 10), be("198.19.1.3:8080", 90))
+	api := svc("api", "198.18.0.11", 80, dataplane.TCP, be("198.19.1.4:8080", 1))
+	k.sync(t, state(web, api), true)
+	web2 := svc("web", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2:8080", 50), be("198.19.1.3:8080", 50))
+	api2 := svc("api", "198.18.0.11", 80, dataplane.TCP, be("198.19.1.4:8080", 3))
+	req := dataplane.SyncRequest{Changed: map[dataplane.ServiceName]bool{{Namespace: "demo", Name: "web"}: true}}
+	if _, err := k.p.Sync(state(web2, api2), req); err != nil {
+		t.Fatal(err)
+	}
+	// api is not in the changed set: its weight stays as written.
+	checkDump(t, k, "TCP 198.18.0.10:80 wrr\n  -> 198.19.1.2:8080 50\n  -> 198.19.1.3:8080 50\nTCP 198.18.0.11:80 wrr\n  -> 198.19.1.4:8080 1\n")
+	k.sync(t, state(web2, api2), true)
+	checkDump(t, k, "TCP 198.18.0.10:80 wrr\n  -> 198.19.1.2:8080 50\n  -> 198.19.1.3:8080 50\nTCP 198.18.0.11:80 wrr\n  -> 198.19.1.4:8080 3\n")
+}
