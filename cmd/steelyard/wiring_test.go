@@ -212,3 +212,19 @@ func TestVerifyBuilderIPv6EveryMode(t *testing.T) {
 		})
 	}
 }
+
+// run, explain, verify and cleanup share one table of modes: an unknown
+// mode is refused with the table's names, before anything is opened.
+func TestUnknownModeRefused(t *testing.T) {
+	f := dataplaneFlags{mode: "bpf"}
+	if _, err := f.open(nil); err == nil || !strings.Contains(err.Error(), "want iptables, ipvs or nftables") {
+		t.Errorf("open --mode bpf: %v", err)
+	}
+	if _, err := lookupMode("bpf"); err == nil {
+		t.Error("cleanup --mode bpf accepted")
+	}
+	bad := dataplaneFlags{mode: "iptables", masqueradeBit: 32}
+	if _, err := bad.open(nil); err == nil || !strings.Contains(err.Error(), "--masquerade-bit") {
+		t.Errorf("open --masquerade-bit 32: %v", err)
+	}
+}
