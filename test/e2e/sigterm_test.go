@@ -100,17 +100,31 @@ func childNamed(parent int, name string) int {
 	return 0
 }
 
-// TestSigtermMidSync: SIGTERM while iptables-nft-restore applies a big
-// change (SIGTERM_SERVICES Services, 5,000 by default, every endpoint chain
-// rewritten): the agent exits within 2 s, no process is left in the node's
-// network namespace, and the kernel holds one complete state, the old or
-// the new (verify passes against one of the two manifest sets).
+// TestSigtermMidSync: SIGTERM while the kernel tool applies a big change
+// (SIGTERM_SERVICES Services, 5,000 by default, every endpoint chain
+// rewritten), in each dataplane that execs one: the agent exits within
+// 2 s, no process is left in the node's network namespace, and the kernel
+// holds one complete state, the old or the new (verify passes against one
+// of the two manifest sets).
 func TestSigtermMidSync(t *testing.T) {
 	if !hasIPTablesMode {
 		t.Skip("the agent has no --iptables-mode flag")
 	}
+	for _, m := range []struct {
+		name, child string
+		args        []string
+	}{
+		{"iptables-nft", "iptables-nft-restore", []string{"--mode", "iptables", "--iptables-mode", "nft"}},
+		{"iptables-legacy", "iptables-legacy-restore", []string{"--mode", "iptables", "--iptables-mode", "legacy"}},
+		{"nftables", "nft", []string{"--mode", "nftables"}},
+	} {
+		t.Run(m.name, func(t *testing.T) { sigtermMidSync(t, m.child, m.args) })
+	}
+}
+
+func sigtermMidSync(t *testing.T, child string, modeArgs []string) {
 	n := envInt("SIGTERM_SERVICES", 5000)
-	f := newFixture(t, "nft")
+	f := newFixture(t, "")
 	f.noClusterCIDR = true
 	oldDir, newDir := t.TempDir(), t.TempDir()
 	write := func(dir string, gen int) {
@@ -122,7 +136,7 @@ func TestSigtermMidSync(t *testing.T) {
 	write(oldDir, 0)
 	write(newDir, 1)
 	write(f.dir, 0)
-	a, err := f.sb.StartAgent(steelyardBin, append([]string{"run", "--manifests", f.dir, "--metrics-bind-address", "", "--healthz-bind-address", ""}, f.modeArgs()...)...)
+	a, err := f.sb.StartAgent(steelyardBin, append([]string{"run", "--manifests", f.dir, "--metrics-bind-address", "", "--healthz-bind-address", ""}, modeArgs...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,15 +162,15 @@ func TestSigtermMidSync(t *testing.T) {
 	restore := 0
 	for restore == 0 {
 		if time.Since(changed) > time.Minute {
-			t.Fatalf("no iptables-nft-restore child within a minute of the change\n%s", a.Log())
+			t.Fatalf("no %s child within a minute of the change\n%s", child, a.Log())
 		}
-		restore = childNamed(a.Pid(), "iptables-nft-restore")
+		restore = childNamed(a.Pid(), child)
 		time.Sleep(2 * time.Millisecond)
 	}
-	t.Logf("iptables-nft-restore (pid %d) running %s after the change", restore, time.Since(changed).Round(time.Millisecond))
+	t.Logf("%s (pid %d) running %s after the change", child, restore, time.Since(changed).Round(time.Millisecond))
 	// Into the restore, so that the kernel is being written.
 	time.Sleep(100 * time.Millisecond)
-	if childNamed(a.Pid(), "iptables-nft-restore") != restore {
+	if childNamed(a.Pid(), child) != restore {
 		t.Log("the restore ended within 100 ms: SIGTERM lands after it (use a larger SIGTERM_SERVICES for a mid-restore signal)")
 	}
 	sent := time.Now()
@@ -191,7 +205,7 @@ func TestSigtermMidSync(t *testing.T) {
 
 	// The kernel holds one complete state.
 	verifyDir := func(dir string) (string, int) {
-		stdout, stderr, err := f.sb.Node.Exec2(append([]string{steelyardBin, "verify", "--manifests", dir}, f.modeArgs()...)...)
+		stdout, stderr, err := f.sb.Node.Exec2(append([]string{steelyardBin, "verify", "--manifests", dir}, modeArgs...)...)
 		return stdout + stderr, sandbox.ExitCode(err)
 	}
 	outOld, codeOld := verifyDir(oldDir)
