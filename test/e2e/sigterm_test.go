@@ -118,11 +118,44 @@ func TestSigtermMidSync(t *testing.T) {
 		{"iptables-legacy", "iptables-legacy-restore", []string{"--mode", "iptables", "--iptables-mode", "legacy"}},
 		{"nftables", "nft", []string{"--mode", "nftables"}},
 	} {
-		t.Run(m.name, func(t *testing.T) { sigtermMidSync(t, m.child, m.args) })
+		t.Run(m.name, func(t *testing.T) { signalMidSync(t, m.child, m.args, syscall.SIGTERM) })
 	}
 }
 
-func sigtermMidSync(t *testing.T, child string, modeArgs []string) {
+// TestSigkillMidSync: the agent SIGKILLed while iptables-nft-restore runs
+// (a kubelet giving up on it, an OOM kill) leaves no process in the node's
+// namespace (the restore dies with it: Pdeathsig) and one complete state.
+func TestSigkillMidSync(t *testing.T) {
+	if !hasIPTablesMode {
+		t.Skip("the agent has no --iptables-mode flag")
+	}
+	signalMidSync(t, "iptables-nft-restore", []string{"--mode", "iptables", "--iptables-mode", "nft"}, syscall.SIGKILL)
+}
+
+// inputWritten reports whether parent no longer holds the pipe that is
+// child's standard input: the whole ruleset was written and the child is
+// working on it (without Pdeathsig, a child in that phase outlives a killed
+// agent; before it, it reads EOF and gives up).
+func inputWritten(parent, child int) bool {
+	stdin, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/0", child))
+	if err != nil || !strings.HasPrefix(stdin, "pipe:") {
+		return false
+	}
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", parent))
+	if err != nil {
+		return false
+	}
+	for _, fd := range fds {
+		if l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", parent, fd.Name())); l == stdin {
+			return false
+		}
+	}
+	return true
+}
+
+// signalMidSync sends sig to the agent while its child applies a big change
+// and checks the exit, the node namespace and the kernel state.
+func signalMidSync(t *testing.T, child string, modeArgs []string, sig syscall.Signal) {
 	n := envInt("SIGTERM_SERVICES", 5000)
 	f := newFixture(t, "")
 	f.noClusterCIDR = true
@@ -168,13 +201,22 @@ func sigtermMidSync(t *testing.T, child string, modeArgs []string) {
 		time.Sleep(2 * time.Millisecond)
 	}
 	t.Logf("%s (pid %d) running %s after the change", child, restore, time.Since(changed).Round(time.Millisecond))
-	// Into the restore, so that the kernel is being written.
-	time.Sleep(100 * time.Millisecond)
+	if sig == syscall.SIGKILL {
+		// Once the agent has written all of it: the phase in which a
+		// child without Pdeathsig outlives its agent.
+		for !inputWritten(a.Pid(), restore) && childNamed(a.Pid(), child) == restore {
+			time.Sleep(time.Millisecond)
+		}
+		t.Logf("%s has all its input %s after the change", child, time.Since(changed).Round(time.Millisecond))
+	} else {
+		// Into the restore, so that the kernel is being written.
+		time.Sleep(100 * time.Millisecond)
+	}
 	if childNamed(a.Pid(), child) != restore {
-		t.Log("the restore ended within 100 ms: SIGTERM lands after it (use a larger SIGTERM_SERVICES for a mid-restore signal)")
+		t.Log("the restore ended within 100 ms: the signal lands after it (use a larger SIGTERM_SERVICES for a mid-restore signal)")
 	}
 	sent := time.Now()
-	if err := syscall.Kill(a.Pid(), syscall.SIGTERM); err != nil {
+	if err := syscall.Kill(a.Pid(), sig); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -182,12 +224,12 @@ func sigtermMidSync(t *testing.T, child string, modeArgs []string) {
 	case <-time.After(15 * time.Second):
 		syscall.Kill(a.Pid(), syscall.SIGKILL)
 		<-a.Done()
-		t.Errorf("agent still running 15 s after SIGTERM; killed")
+		t.Errorf("agent still running 15 s after %v; killed", sig)
 	}
 	took := time.Since(sent)
-	t.Logf("agent exited %s after SIGTERM", took.Round(time.Millisecond))
+	t.Logf("agent exited %s after %v", took.Round(time.Millisecond), sig)
 	if took > 2*time.Second {
-		t.Errorf("agent took %s to exit after SIGTERM, want at most 2 s", took.Round(time.Millisecond))
+		t.Errorf("agent took %s to exit after %v, want at most 2 s", took.Round(time.Millisecond), sig)
 	}
 	var left []string
 	for deadline := time.Now().Add(500 * time.Millisecond); ; time.Sleep(20 * time.Millisecond) {
@@ -214,7 +256,7 @@ func sigtermMidSync(t *testing.T, child string, modeArgs []string) {
 	case codeOld == 0:
 		t.Log("the kernel holds the old state (the restore was killed before its commit)")
 	case codeNew == 0:
-		t.Log("the kernel holds the new state (the restore committed before SIGTERM)")
+		t.Log("the kernel holds the new state (the restore committed before the signal)")
 	default:
 		t.Errorf("the kernel holds neither state: verify old exit %d, new exit %d\n%.2000s\n%.2000s", codeOld, codeNew, outOld, outNew)
 	}
