@@ -103,7 +103,7 @@ bench-ingress: deps build control-plane
 FUZZTIME ?= 20s
 FUZZ_TARGETS := ./controller/:FuzzParseWeights ./controller/:FuzzParseSplit ./controller/:FuzzParseSliceWeight \
 	./controller/:FuzzManifests ./controller/:FuzzBuild ./cni/:FuzzPlugin \
-	./controller/ingress/:FuzzRender ./cmd/steelyard/:FuzzMasqueradeFlags
+	./controller/ingress/:FuzzRender ./controller/ingress/:FuzzSettings ./cmd/steelyard/:FuzzMasqueradeFlags
 fuzz:
 	set -e; for t in $(FUZZ_TARGETS); do \
 		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) "$${t%%:*}"; \

@@ -200,3 +200,46 @@ func FuzzRender(f *testing.F) {
 		}
 	})
 }
+
+// FuzzSettings renders the golden input with random ConfigMap values for
+// every known key: never a panic; the text lexes and holds only known
+// statement shapes (a value never adds a directive or an argument); a bad
+// value is reported and keeps its default. Seeds (edge values of each
+// range) also go through `nginx -t` when not fuzzing.
+func FuzzSettings(f *testing.F) {
+	for _, v := range [][7]string{
+		{"auto", "16384", "64", "75s", "5s", "60s", "60s"},
+		{"1", "16", "0", "0", "0ms", "0", "0s"},
+		{"64", "65535", "1024", "999999h", "999999ms", "999999m", "1h"},
+		{"65", "15", "1025", "1d", "5s;", "60s return 200", "-1s"},
+		{"+8", "0x10", " 64", "75S", "\n", "", "60s\x00"},
+	} {
+		f.Add(v[0], v[1], v[2], v[3], v[4], v[5], v[6])
+	}
+	fuzzing := flag.Lookup("test.fuzz").Value.String() != ""
+	f.Fuzz(func(t *testing.T, wp, wc, ka, kt, pct, prt, pst string) {
+		known := knownShapes(t)
+		data := map[string]string{}
+		for i, v := range []string{wp, wc, ka, kt, pct, prt, pst} {
+			if v != "" {
+				data[SettingKeys[i]] = v
+			}
+		}
+		s, errs := ParseSettings(data)
+		in := goldenInput()
+		in.Settings = s
+		out := Render(in, Options{Dir: testDir})
+		sts, err := lexConf(out.Text)
+		if err != nil {
+			t.Fatalf("rendered text does not lex: %v\n%s", err, out.Text)
+		}
+		for _, st := range sts {
+			if !known[st] {
+				t.Fatalf("statement %+v is of no known shape (settings %q, errors %v):\n%s", st, data, errs, out.Text)
+			}
+		}
+		if !fuzzing {
+			nginxTest(t, out)
+		}
+	})
+}
