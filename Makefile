@@ -102,7 +102,7 @@ bench-ingress: deps build control-plane
 # corpora: the f.Add seeds and testdata/fuzz/, where crashers are kept).
 FUZZTIME ?= 20s
 FUZZ_TARGETS := ./controller/:FuzzParseWeights ./controller/:FuzzParseSplit ./controller/:FuzzParseSliceWeight \
-	./controller/:FuzzManifests ./controller/:FuzzBuild ./cni/:FuzzPlugin \
+	./controller/:FuzzManifests ./controller/:FuzzBuild ./controller/:FuzzBuildObjects ./cni/:FuzzPlugin \
 	./controller/ingress/:FuzzRender ./controller/ingress/:FuzzSettings ./cmd/steelyard/:FuzzMasqueradeFlags
 fuzz:
 	set -e; for t in $(FUZZ_TARGETS); do \

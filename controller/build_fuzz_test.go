@@ -91,79 +91,136 @@ func FuzzBuild(f *testing.F) {
 		if err != nil {
 			return
 		}
-		baseNames := map[[2]string]bool{}
-		for _, s := range baseSvcs {
-			baseNames[[2]string{s.Namespace, s.Name}] = true
-		}
-		random := map[[2]string]bool{}
 		for _, s := range objs.services {
-			if !sameNamespace {
-				s.Namespace = "fuzz"
-			}
 			setAnnotation(&s.Annotations, AnnotationWeights, weights)
 			setAnnotation(&s.Annotations, AnnotationSplit, split)
-			if k := [2]string{s.Namespace, s.Name}; !baseNames[k] {
-				random[k] = true
-			}
 		}
-		legit := false
 		for _, sl := range objs.slices {
-			if !sameNamespace {
-				sl.Namespace = "fuzz"
-			}
 			setAnnotation(&sl.Annotations, AnnotationSliceWeight, sliceWeight)
-			if baseNames[[2]string{sl.Namespace, sl.Labels[discoveryv1.LabelServiceName]}] {
-				legit = true
+		}
+		checkIsolation(t, baseSvcs, baseSlices, objs, sameNamespace, zone, local)
+	})
+}
+
+// checkIsolation builds base with and without the random objects and
+// checks the properties of FuzzBuild.
+func checkIsolation(t *testing.T, baseSvcs []*corev1.Service, baseSlices []*discoveryv1.EndpointSlice, objs manifestObjects, sameNamespace, zone, local bool) {
+	t.Helper()
+	baseNames := map[[2]string]bool{}
+	for _, s := range baseSvcs {
+		baseNames[[2]string{s.Namespace, s.Name}] = true
+	}
+	random := map[[2]string]bool{}
+	for _, s := range objs.services {
+		if !sameNamespace {
+			s.Namespace = "fuzz"
+		}
+		if k := [2]string{s.Namespace, s.Name}; !baseNames[k] {
+			random[k] = true
+		}
+	}
+	legit := false
+	for _, sl := range objs.slices {
+		if !sameNamespace {
+			sl.Namespace = "fuzz"
+		}
+		if baseNames[[2]string{sl.Namespace, sl.Labels[discoveryv1.LabelServiceName]}] {
+			legit = true
+		}
+	}
+	build := func(svcs []*corev1.Service, slices []*discoveryv1.EndpointSlice) dataplane.State {
+		b := NewBuilder()
+		b.EnableIPv6()
+		if zone {
+			b.Zone = "zone-a"
+		}
+		if local {
+			b.NodeName = "node-1"
+		}
+		st, _ := b.Build(svcs, slices)
+		return st
+	}
+	without := build(baseSvcs, baseSlices)
+	svcs := append(append([]*corev1.Service(nil), baseSvcs...), objs.services...)
+	slices := append(append([]*discoveryv1.EndpointSlice(nil), baseSlices...), objs.slices...)
+	with := build(svcs, slices)
+	checkVIPsInClusterIPs(t, with, svcs)
+	if legit {
+		return
+	}
+	baseVIPs := map[dataplane.VIP]bool{}
+	for _, sp := range without.Services {
+		baseVIPs[sp.VIP] = true
+	}
+	var others []dataplane.ServicePort
+	for _, sp := range with.Services {
+		if random[[2]string{sp.Name.Namespace, sp.Name.Name}] {
+			if baseVIPs[sp.VIP] {
+				return // a VIP clash, excluded (see above)
 			}
+			continue
 		}
-		build := func(svcs []*corev1.Service, slices []*discoveryv1.EndpointSlice) dataplane.State {
-			b := NewBuilder()
-			b.EnableIPv6()
-			if zone {
-				b.Zone = "zone-a"
-			}
-			if local {
-				b.NodeName = "node-1"
-			}
-			st, _ := b.Build(svcs, slices)
-			return st
-		}
-		without := build(baseSvcs, baseSlices)
-		svcs := append(append([]*corev1.Service(nil), baseSvcs...), objs.services...)
-		slices := append(append([]*discoveryv1.EndpointSlice(nil), baseSlices...), objs.slices...)
-		with := build(svcs, slices)
-		checkVIPsInClusterIPs(t, with, svcs)
-		if legit {
-			return
-		}
-		baseVIPs := map[dataplane.VIP]bool{}
-		for _, sp := range without.Services {
-			baseVIPs[sp.VIP] = true
-		}
-		var others []dataplane.ServicePort
-		for _, sp := range with.Services {
-			if random[[2]string{sp.Name.Namespace, sp.Name.Name}] {
-				if baseVIPs[sp.VIP] {
-					return // a VIP clash, excluded (see above)
+		others = append(others, sp)
+	}
+	for _, s := range objs.services {
+		// A random Service claiming an example's VIP can also lose it
+		// to the example, and be dropped: also a clash.
+		for _, raw := range append([]string{s.Spec.ClusterIP}, s.Spec.ClusterIPs...) {
+			for v := range baseVIPs {
+				if a, err := netip.ParseAddr(raw); err == nil && a == v.IP {
+					return
 				}
-				continue
-			}
-			others = append(others, sp)
-		}
-		for _, s := range objs.services {
-			// A random Service claiming an example's VIP can also lose it
-			// to the example, and be dropped: also a clash.
-			for _, raw := range append([]string{s.Spec.ClusterIP}, s.Spec.ClusterIPs...) {
-				for v := range baseVIPs {
-					if a, err := netip.ParseAddr(raw); err == nil && a == v.IP {
-						return
-					}
-				}
 			}
 		}
-		if !reflect.DeepEqual(others, without.Services) {
-			t.Fatalf("random objects changed other Services:\nwithout: %+v\nwith:    %+v", without.Services, others)
+	}
+	if !reflect.DeepEqual(others, without.Services) {
+		t.Fatalf("random objects changed other Services:\nwithout: %+v\nwith:    %+v", without.Services, others)
+	}
+}
+
+// FuzzBuildObjects is FuzzBuild with the random Service and EndpointSlice
+// made from fuzzed fields rather than decoded from a document, so the
+// fuzzer explores addresses, ports, protocols, types, conditions and
+// annotations directly.
+func FuzzBuildObjects(f *testing.F) {
+	f.Add("web", "198.18.1.1", "2001:2::1", int32(80), "TCP", uint8(0), "web-1=1", "", "web", "198.19.9.1", "2001:2::9", int32(8080), "", uint8(0), false, false)
+	f.Add("shop", "198.18.0.12", "", int32(80), "", uint8(2), "", "shop-stable=1,evil=1", "shop-stable", "198.19.9.2", "", int32(0), "7", uint8(3), true, true)
+	f.Add("x", "::ffff:198.18.1.2", "198.18.1.2", int32(65536), "UDP", uint8(3), "*=0", "x=1", "x", "fe80::1%eth0", "198.19.9.3", int32(-1), "abc", uint8(5), false, true)
+	f.Add("lb", "198.18.1.3", "None", int32(443), "SCTP", uint8(1), "", "", "lb", "198.19.9.4", "198.19.9.4", int32(443), "65535", uint8(6), true, false)
+	baseSvcs, baseSlices := baseline(f)
+	types := []corev1.ServiceType{"", corev1.ServiceTypeClusterIP, corev1.ServiceTypeNodePort, corev1.ServiceTypeLoadBalancer, corev1.ServiceTypeExternalName}
+	f.Fuzz(func(t *testing.T, name, ip1, ip2 string, port int32, proto string, typ uint8, weights, split, sliceFor, addr1, addr2 string, targetPort int32, sliceWeight string, cond uint8, sameNamespace, zone bool) {
+		svc := &corev1.Service{}
+		svc.Namespace, svc.Name = "demo", name
+		svc.Spec.Type = types[int(typ)%len(types)]
+		svc.Spec.ClusterIP = ip1
+		if ip2 != "" {
+			svc.Spec.ClusterIPs = []string{ip1, ip2}
 		}
+		svc.Spec.ExternalIPs = []string{ip2}
+		svc.Spec.Ports = []corev1.ServicePort{{Name: "http", Port: port, Protocol: corev1.Protocol(proto), NodePort: targetPort}}
+		svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: addr2}}
+		setAnnotation(&svc.Annotations, AnnotationWeights, weights)
+		setAnnotation(&svc.Annotations, AnnotationSplit, split)
+		bools := func(bit uint8) *bool { b := cond&bit != 0; return &b }
+		portName, p := "http", corev1.Protocol(proto)
+		sl := &discoveryv1.EndpointSlice{}
+		sl.Namespace, sl.Name = "demo", "fuzz-"+sliceFor
+		sl.Labels = map[string]string{discoveryv1.LabelServiceName: sliceFor}
+		sl.AddressType = discoveryv1.AddressTypeIPv4
+		if cond&8 != 0 {
+			sl.AddressType = discoveryv1.AddressTypeIPv6
+		}
+		sl.Ports = []discoveryv1.EndpointPort{{Name: &portName, Protocol: &p, Port: &targetPort}}
+		zoneName := "zone-a"
+		sl.Endpoints = []discoveryv1.Endpoint{
+			{Addresses: []string{addr1, addr2}, Conditions: discoveryv1.EndpointConditions{Ready: bools(1), Serving: bools(2), Terminating: bools(4)},
+				TargetRef: &corev1.ObjectReference{Name: name + "-1"}, Zone: &zoneName,
+				Hints: &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "zone-b"}}}},
+			{Addresses: []string{addr2}},
+		}
+		setAnnotation(&sl.Annotations, AnnotationSliceWeight, sliceWeight)
+		checkIsolation(t, baseSvcs, baseSlices, manifestObjects{services: []*corev1.Service{svc}, slices: []*discoveryv1.EndpointSlice{sl}}, sameNamespace, zone, cond&16 != 0)
 	})
 }
 
