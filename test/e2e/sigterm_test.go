@@ -120,16 +120,13 @@ func TestSigtermMidSync(t *testing.T) {
 	} {
 		t.Run(m.name, func(t *testing.T) { signalMidSync(t, m.child, m.args, syscall.SIGTERM) })
 	}
-}
-
-// TestSigkillMidSync: the agent SIGKILLed while iptables-nft-restore runs
-// (a kubelet giving up on it, an OOM kill) leaves no process in the node's
-// namespace (the restore dies with it: Pdeathsig) and one complete state.
-func TestSigkillMidSync(t *testing.T) {
-	if !hasIPTablesMode {
-		t.Skip("the agent has no --iptables-mode flag")
-	}
-	signalMidSync(t, "iptables-nft-restore", []string{"--mode", "iptables", "--iptables-mode", "nft"}, syscall.SIGKILL)
+	// SIGKILL of the agent while iptables-nft-restore runs (a kubelet
+	// giving up on it, an OOM kill): no process is left in the node's
+	// namespace (the restore dies with it: Pdeathsig) and the kernel holds
+	// one complete state.
+	t.Run("sigkill-iptables-nft", func(t *testing.T) {
+		signalMidSync(t, "iptables-nft-restore", []string{"--mode", "iptables", "--iptables-mode", "nft"}, syscall.SIGKILL)
+	})
 }
 
 // inputWritten reports whether parent no longer holds the pipe that is
