@@ -99,9 +99,16 @@ bench-k8s: deps build control-plane
 bench-ingress: deps build control-plane
 	$(ROOT) env RATE="$(RATE)" DURATION="$(DURATION)" PERIOD="$(PERIOD)" MODES="$(MODES)" scripts/bench-ingress.sh
 
+# Every fuzz target for FUZZTIME each (plain go test runs their seed
+# corpora: the f.Add seeds and testdata/fuzz/, where crashers are kept).
+FUZZTIME ?= 20s
+FUZZ_TARGETS := ./controller/:FuzzParseWeights ./controller/:FuzzParseSplit ./controller/:FuzzParseSliceWeight \
+	./controller/:FuzzManifests ./controller/:FuzzBuild ./controller/:FuzzBuildObjects ./cni/:FuzzPlugin \
+	./controller/ingress/:FuzzRender ./controller/ingress/:FuzzSettings ./cmd/steelyard/:FuzzMasqueradeFlags
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzParseWeights -fuzztime 30s ./controller/
-	$(GO) test -run '^$$' -fuzz FuzzParseSplit -fuzztime 30s ./controller/
+	set -e; for t in $(FUZZ_TARGETS); do \
+		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) "$${t%%:*}"; \
+	done
 
 clean:
 	rm -rf bin

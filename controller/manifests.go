@@ -162,6 +162,12 @@ func parseManifestFile(path string) (manifestObjects, error) {
 	if err != nil {
 		return manifestObjects{}, fmt.Errorf("%s: %w", path, err)
 	}
+	return parseManifest(path, data)
+}
+
+// parseManifest decodes the documents of data, read from path (named in
+// errors). It is the fuzzed entry point (FuzzManifests).
+func parseManifest(path string, data []byte) (manifestObjects, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return manifestObjects{}, fmt.Errorf("%s: %w", path, errEmptyFile)
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/steelyard-net/steelyard/controller/runner"
 	"github.com/steelyard-net/steelyard/dataplane"
 	"github.com/steelyard-net/steelyard/dataplane/conntrack"
+	"github.com/steelyard-net/steelyard/internal/execx"
 )
 
 var log = logrus.WithField("subsys", "main")
@@ -87,6 +88,9 @@ func newRunCommand() *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
+			// On SIGTERM the kernel tool in flight (a restore of 10,000
+			// Services takes seconds) is killed at once: it commits nothing.
+			context.AfterFunc(ctx, execx.Shutdown)
 			metrics := controller.NewMetrics()
 			health := controller.NewHealth(max(2*syncPeriod, time.Minute), nil)
 			agent := &controller.Agent{Builder: controller.NewBuilder(), Dataplane: d, FullSyncPeriod: fullSyncPeriod, Metrics: metrics, Health: health}
@@ -136,8 +140,20 @@ func newRunCommand() *cobra.Command {
 				return err
 			}
 			log.WithFields(fields).Info("steelyard starting")
-			r.Run(ctx.Done())
+			synced := make(chan struct{})
+			go func() { r.Run(ctx.Done()); close(synced) }()
+			<-ctx.Done()
+			select {
+			case <-synced:
+			case <-time.After(shutdownGrace):
+				// Go work of a big sync (building, rendering) cannot be
+				// interrupted; nothing of it reaches the kernel any more.
+				log.Warn("sync still running at shutdown; exiting without waiting for it")
+			}
 			waitIngress() // nginx stopped before we exit
+			if n := execx.KillChildren(); n > 0 {
+				log.WithField("children", n).Warn("killed child processes left at shutdown")
+			}
 			// Rules stay in place: connections keep flowing while we are
 			// away, and the next start syncs without flushing.
 			log.Info("stopping; rules left in place")
@@ -158,6 +174,11 @@ func newRunCommand() *cobra.Command {
 	cmd.Flags().DurationVar(&minSyncPeriod, "min-sync-period", 250*time.Millisecond, "minimum time between syncs; bursts of changes merge")
 	return cmd
 }
+
+// shutdownGrace is how long SIGTERM waits for the sync in progress to end
+// once its kernel children are killed; the agent exits within 2 s of
+// SIGTERM (test/e2e/sigterm_test.go).
+const shutdownGrace = time.Second
 
 func defaultNodeName() string {
 	if n := os.Getenv("NODE_NAME"); n != "" {

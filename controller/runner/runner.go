@@ -48,13 +48,27 @@ func (r *Runner) Trigger() {
 	}
 }
 
-// Run calls fn once at once, then as scheduled, until stop is closed.
+// Run calls fn once at once, then as scheduled, until stop is closed. A call
+// in progress when stop closes is not interrupted by Run: fn ends it (the
+// agent's kernel children are killed on shutdown, see internal/execx), and
+// Run then returns without calling fn again.
 func (r *Runner) Run(stop <-chan struct{}) {
 	var last time.Time
 	pending := true // the first sync runs at once
 	var timer clock.Timer
 	next := r.clock.Now()
 	for {
+		// Stop wins over a pending trigger or an expired timer: after
+		// shutdown no new sync starts (select picks at random among ready
+		// cases, so the check cannot be left to it).
+		select {
+		case <-stop:
+			if timer != nil {
+				timer.Stop()
+			}
+			return
+		default:
+		}
 		now := r.clock.Now()
 		if pending && (last.IsZero() || now.Sub(last) >= r.minInterval) || !now.Before(next) {
 			pending = false

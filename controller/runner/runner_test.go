@@ -118,3 +118,37 @@ func TestRetryAfterFailure(t *testing.T) {
 	rec.clk.Step(5 * time.Second)
 	expectRun(t, rec)
 }
+
+// TestStopDuringSync: a stop that arrives while a sync runs, with a trigger
+// pending and the periodic sync due, ends Run as soon as that sync returns,
+// without another call (SIGTERM in the middle of a long sync).
+func TestStopDuringSync(t *testing.T) {
+	for i := 0; i < 50; i++ { // select picks at random: repeat
+		clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+		var calls int
+		var r *Runner
+		stop := make(chan struct{})
+		release := make(chan struct{})
+		r = New(func() error {
+			calls++
+			if calls == 1 {
+				r.Trigger()
+				close(stop)
+				<-release
+			}
+			return errors.New("killed")
+		}, 0, time.Nanosecond, time.Nanosecond, clk)
+		done := make(chan struct{})
+		go func() { r.Run(stop); close(done) }()
+		clk.Step(time.Second) // the retry is due as well
+		close(release)
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatal("Run did not return after stop")
+		}
+		if calls != 1 {
+			t.Fatalf("fn called %d times, want 1: a sync started after stop", calls)
+		}
+	}
+}

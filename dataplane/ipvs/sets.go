@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/steelyard-net/steelyard/dataplane"
+	"github.com/steelyard-net/steelyard/internal/execx"
 )
 
 // The ipsets that keep steelyard's rules a fixed handful however many
@@ -103,9 +104,10 @@ func NewSets() (Sets, error) {
 
 func (t *ipsetTool) run(stdin string, args ...string) ([]byte, error) {
 	var stdout, stderr bytes.Buffer
-	cmd := exec.Command(t.path, args...)
+	// execx: no ipset child outlives the agent or runs on after SIGTERM.
+	cmd := execx.Command(t.path, args...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = strings.NewReader(stdin), &stdout, &stderr
-	if err := cmd.Run(); err != nil {
+	if err := execx.Run(cmd); err != nil {
 		return nil, fmt.Errorf("ipset %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
 	}
 	return stdout.Bytes(), nil

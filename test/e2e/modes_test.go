@@ -116,3 +116,28 @@ func (m dpMode) missing(needs []feature) []string {
 	}
 	return out
 }
+
+// modeNamed returns the mode of dpModes called name (suites that start the
+// agent with arguments of their own still take the fixture of that mode).
+func modeNamed(t *testing.T, name string) dpMode {
+	t.Helper()
+	for _, m := range dpModes {
+		if m.name == name {
+			return m
+		}
+	}
+	t.Fatalf("no dataplane mode %q", name)
+	return dpMode{}
+}
+
+// modeWithArgs returns the mode of dpModes whose arguments are args.
+func modeWithArgs(t *testing.T, args []string) dpMode {
+	t.Helper()
+	for _, m := range dpModes {
+		if slices.Equal(m.args, args) {
+			return m
+		}
+	}
+	t.Fatalf("no dataplane mode with arguments %q", args)
+	return dpMode{}
+}
