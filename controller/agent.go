@@ -49,6 +49,9 @@ type Agent struct {
 	// Conntrack, when set, deletes the UDP conntrack entries that a sync
 	// leaves pointing at endpoints that left (see StaleFlows); nil: off.
 	Conntrack ConntrackCleaner
+	// Routes, when set, gives the Gateway API splits of each sync (see
+	// Routes); it sees the same Services as the Builder.
+	Routes RouteSource
 
 	lastFull      time.Time
 	retryTriggers []time.Time
@@ -58,6 +61,12 @@ type Agent struct {
 	// applied is the last State a Sync applied (for Conntrack), nil
 	// before the first successful sync.
 	applied *dataplane.State
+}
+
+// RouteSource gives the routes of one sync from the Services it reads
+// (controller/gateway implements it).
+type RouteSource interface {
+	Routes(svcs []*corev1.Service) Routes
 }
 
 // fullReporter is a dataplane that may turn a partial Sync into a full one
@@ -93,6 +102,9 @@ func (a *Agent) Sync() error {
 		}
 	}
 	a.inputs = reportChanges(a.inputs, errorStrings(errs), "input error", "input error resolved")
+	if a.Routes != nil {
+		a.Builder.SetRoutes(a.Routes.Routes(svcs))
+	}
 	state, problems := a.Builder.Build(svcs, slices)
 	ps := make([]string, 0, len(problems))
 	for _, p := range problems {

@@ -120,6 +120,7 @@ func newRunCommand() *cobra.Command {
 		fullSyncPeriod time.Duration
 		ing            ingressFlags
 		node           nodeFlags
+		gw             gatewayFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -131,6 +132,9 @@ func newRunCommand() *cobra.Command {
 			// nothing.
 			d, err := dp.open()
 			if err != nil {
+				return err
+			}
+			if err := gw.check(manifests); err != nil {
 				return err
 			}
 			if err := dataplane.SetSysctl("net.ipv4.ip_forward", "1"); err != nil {
@@ -182,6 +186,9 @@ func newRunCommand() *cobra.Command {
 				agent.Source, agent.Tracker = src, src.Tracker
 				metrics.WatchTracker(src.Tracker)
 				metrics.WatchAPIServer(src.API)
+				if err := gw.start(ctx, kubeconfig, nodeName, agent, r.Trigger); err != nil {
+					return err
+				}
 				fields["kubeconfig"], fields["service-proxy-name"] = kubeconfig, proxyName
 			}
 			waitIngress, err := ing.start(ctx, kubeconfig, manifests, nodeName, metrics.Registry)
@@ -200,6 +207,7 @@ func newRunCommand() *cobra.Command {
 	dp.register(cmd, true)
 	node.register(cmd, true)
 	ing.register(cmd)
+	gw.register(cmd, true)
 	cmd.Flags().StringVar(&manifests, "manifests", "", "directory of Service and EndpointSlice manifests (YAML or JSON); without it, the API server is the source")
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the API server (in-cluster config when empty)")
 	cmd.Flags().StringVar(&nodeName, "node-name", defaultNodeName(), "this node's name (default: $NODE_NAME, else the hostname)")
