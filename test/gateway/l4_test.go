@@ -68,15 +68,19 @@ func TestTCPRouteWeights(t *testing.T) {
 	// Route weight changes against annotation changes: five of each,
 	// alternating, each timed from the API write to explain showing it.
 	var routeTimes, annTimes []time.Duration
+	inA := 0.25 // a's part of s1 under the annotation in force (a=1,b=3)
+	shares := func(w1 int32) map[string]float64 {
+		return map[string]float64{a.ip: float64(w1) * inA, b.ip: float64(w1) * (1 - inA), c.ip: float64(100 - w1)}
+	}
 	for i := 0; i < 5; i++ {
 		w1 := int32(50 + 10*(i%2)) // 50/50, 60/40, ...
 		e.setTCPWeights(testNS, "web", w1, 100-w1)
-		took, _ := e.waitShares(addr.String(), dataplane.TCP, map[string]float64{a.ip: float64(w1) / 4, b.ip: float64(w1) * 3 / 4, c.ip: float64(100 - w1)}, 10*time.Second)
+		took, _ := e.waitShares(addr.String(), dataplane.TCP, shares(w1), 10*time.Second)
 		routeTimes = append(routeTimes, took)
 		ann := []string{"a=1,b=1", "a=1,b=3"}[i%2]
+		inA = map[string]float64{"a=1,b=1": 0.5, "a=1,b=3": 0.25}[ann]
 		e.annotate(testNS, "s1", weightsKey, ann)
-		inA := map[string]float64{"a=1,b=1": 0.5, "a=1,b=3": 0.25}[ann]
-		took, _ = e.waitShares(addr.String(), dataplane.TCP, map[string]float64{a.ip: float64(w1) * inA, b.ip: float64(w1) * (1 - inA), c.ip: float64(100 - w1)}, 10*time.Second)
+		took, _ = e.waitShares(addr.String(), dataplane.TCP, shares(w1), 10*time.Second)
 		annTimes = append(annTimes, took)
 	}
 	t.Logf("API write -> kernel (explain), 5 each: route weight change median %v %v; annotation change median %v %v",
