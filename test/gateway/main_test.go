@@ -83,6 +83,8 @@ type env struct {
 	sb     *sandbox.Sandbox
 	client *sandbox.NS
 	agent  *sandbox.Agent
+	// mode is the agent's --mode flag, passed on to explain and verify.
+	mode []string
 }
 
 func newEnv(t *testing.T) *env {
@@ -199,12 +201,23 @@ func installCRDs(t *testing.T, cp *controlplane.ControlPlane) {
 // startAgent runs the agent with --gateway and waits for its first sync.
 func (e *env) startAgent(extra ...string) *sandbox.Agent {
 	e.t.Helper()
+	return e.startAgentWith(e.cp.Kubeconfig, extra...)
+}
+
+// startAgentWith is startAgent with another kubeconfig.
+func (e *env) startAgentWith(kubeconfig string, extra ...string) *sandbox.Agent {
+	e.t.Helper()
 	args := append([]string{
-		"run", "--kubeconfig", e.cp.Kubeconfig, "--node-name", nodeName,
+		"run", "--kubeconfig", kubeconfig, "--node-name", nodeName,
 		"--cluster-cidr", sandbox.ClusterCIDR.String(),
 		"--metrics-bind-address", metricsAddr, "--healthz-bind-address", healthzAddr,
 		"--log-level", "debug", "--gateway", "--gateway-address-pool", pool, "--gateway-lease-namespace", leaseNS,
 	}, extra...)
+	for i := 0; i+1 < len(extra); i++ {
+		if extra[i] == "--mode" {
+			e.mode = []string{"--mode", extra[i+1]}
+		}
+	}
 	a, err := e.sb.StartAgent(steelyardBin, args...)
 	if err != nil {
 		e.t.Fatal(err)
@@ -459,7 +472,7 @@ func (e *env) listenerConds(gw, name string) func() ([]metav1.Condition, error) 
 // explain returns `steelyard explain -o json` of the node namespace.
 func (e *env) explain() []dataplane.ServiceView {
 	e.t.Helper()
-	out, errOut, err := e.sb.Node.Exec2(steelyardBin, "explain", "-o", "json")
+	out, errOut, err := e.sb.Node.Exec2(append([]string{steelyardBin, "explain", "-o", "json"}, e.mode...)...)
 	if err != nil {
 		e.t.Fatalf("explain: %v: %s", err, errOut)
 	}
@@ -506,7 +519,9 @@ func (e *env) waitSharesPort(ip string, port uint16, proto dataplane.Protocol, w
 
 // verify runs `steelyard verify --gateway` and returns its output and code.
 func (e *env) verify() (string, int) {
-	o, s, err := e.sb.Node.Exec2(steelyardBin, "verify", "--kubeconfig", e.cp.Kubeconfig, "--gateway", "--gateway-address-pool", pool)
+	args := []string{"verify", "--kubeconfig", e.cp.Kubeconfig, "--gateway", "--gateway-address-pool", pool}
+	args = append(args, e.mode...)
+	o, s, err := e.sb.Node.Exec2(append([]string{steelyardBin}, args...)...)
 	return o + s, sandbox.ExitCode(err)
 }
 
