@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"time"
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
@@ -73,25 +74,34 @@ func (f *gatewayFlags) clients(kubeconfig string) (versioned.Interface, kubernet
 // start watches the Gateway API objects, makes the agent's syncs program
 // their routes (changes trigger the sync runner, as Service changes do),
 // and campaigns for the status writer's Lease.
-func (f *gatewayFlags) start(ctx context.Context, kubeconfig, nodeName string, agent *controller.Agent, trigger func()) error {
+// It returns a wait that blocks (at most 5 s) until the Lease is released.
+func (f *gatewayFlags) start(ctx context.Context, kubeconfig, nodeName string, agent *controller.Agent, trigger func()) (wait func(), err error) {
+	wait = func() {}
 	if !f.enabled {
-		return nil
+		return wait, nil
 	}
 	gw, kube, err := f.clients(kubeconfig)
 	if err != nil {
-		return err
+		return wait, err
 	}
 	src := gateway.NewSource(gw, kube, f.parsedNet)
 	w := &gateway.StatusWriter{Source: src, GW: gw, Kube: kube, Identity: nodeName, Namespace: f.leaseNS}
 	if err := w.Run(ctx); err != nil {
-		return err
+		return wait, err
+	}
+	wait = func() {
+		select {
+		case <-w.Done():
+		case <-time.After(5 * time.Second):
+			log.Warn("the status Lease was not released in time")
+		}
 	}
 	if err := src.Start(ctx, trigger); err != nil {
-		return fmt.Errorf("gateway: %w", err)
+		return wait, fmt.Errorf("gateway: %w", err)
 	}
 	agent.Routes = src
 	log.WithField("pool", f.pool).Info("Gateway API layer started")
-	return nil
+	return wait, nil
 }
 
 // routes lists the Gateway API objects once and gives their routes to

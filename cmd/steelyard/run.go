@@ -186,9 +186,11 @@ func newRunCommand() *cobra.Command {
 				agent.Source, agent.Tracker = src, src.Tracker
 				metrics.WatchTracker(src.Tracker)
 				metrics.WatchAPIServer(src.API)
-				if err := gw.start(ctx, kubeconfig, nodeName, agent, r.Trigger); err != nil {
+				waitGateway, err := gw.start(ctx, kubeconfig, nodeName, agent, r.Trigger)
+				if err != nil {
 					return err
 				}
+				defer waitGateway() // the status Lease released before we exit
 				fields["kubeconfig"], fields["service-proxy-name"] = kubeconfig, proxyName
 			}
 			waitIngress, err := ing.start(ctx, kubeconfig, manifests, nodeName, metrics.Registry)

@@ -39,6 +39,7 @@ type StatusWriter struct {
 
 	leader atomic.Bool
 	poke   chan struct{}
+	done   chan struct{}
 }
 
 // IsLeader reports whether this agent writes status now.
@@ -48,6 +49,7 @@ func (w *StatusWriter) IsLeader() bool { return w.leader.Load() }
 // every translation. It returns when ctx is done.
 func (w *StatusWriter) Run(ctx context.Context) error {
 	w.poke = make(chan struct{}, 1)
+	w.done = make(chan struct{})
 	w.Source.setNotify(w.trigger)
 	lock, err := resourcelock.New(resourcelock.LeasesResourceLock, w.Namespace, LeaseName,
 		w.Kube.CoreV1(), w.Kube.CoordinationV1(), resourcelock.ResourceLockConfig{Identity: w.Identity})
@@ -56,6 +58,7 @@ func (w *StatusWriter) Run(ctx context.Context) error {
 	}
 	l := log.WithFields(logrus.Fields{"lease": w.Namespace + "/" + LeaseName, "identity": w.Identity})
 	go func() {
+		defer close(w.done)
 		for ctx.Err() == nil {
 			// kube-controller-manager's defaults: 15 s lease, renew
 			// within 10 s, retry every 2 s.
@@ -79,6 +82,11 @@ func (w *StatusWriter) Run(ctx context.Context) error {
 	}()
 	return nil
 }
+
+// Done is closed when Run's campaign has ended after ctx was done: the
+// Lease is then released (when held), so another agent takes over at once
+// instead of after the lease duration. Wait for it before exiting.
+func (w *StatusWriter) Done() <-chan struct{} { return w.done }
 
 func (w *StatusWriter) trigger() {
 	select {

@@ -598,3 +598,14 @@ func median(ds []time.Duration) time.Duration {
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	return s[len(s)/2]
 }
+
+func decodeViews(t *testing.T, out string) []dataplane.ServiceView {
+	t.Helper()
+	var views []dataplane.ServiceView
+	if err := json.Unmarshal([]byte(out), &views); err != nil {
+		t.Fatalf("explain -o json: %v\n%s", err, out)
+	}
+	return views
+}
+
+func formatMap(m map[string]float64) string { return fmt.Sprint(m) }
