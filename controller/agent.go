@@ -141,6 +141,9 @@ func (a *Agent) Sync() error {
 		a.lastFull = start
 	}
 	a.cleanConntrack(state)
+	if n, ok := a.Routes.(ProgrammedNotifier); ok {
+		n.Programmed()
+	}
 	a.observe(state, drained, full, start, len(problems)+len(errs))
 	fields := logrus.Fields{"full": full, "services": len(state.Services), "took": clk.Since(start).Round(time.Microsecond).String()}
 	if changed >= 0 {
@@ -215,11 +218,17 @@ func (a *Agent) observe(state dataplane.State, drained Drained, full bool, start
 const (
 	ReasonInvalidWeights = "InvalidWeights"
 	ReasonInvalidService = "InvalidService"
+	// ReasonRouteWins: a TCPRoute/UDPRoute with the Service as parent
+	// overrides its AnnotationSplit.
+	ReasonRouteWins = "RouteWinsOverSplit"
 )
 
 func (a *Agent) recordEvent(p Problem) {
 	reason := ReasonInvalidService
-	if p.Annotation != "" {
+	switch {
+	case errors.Is(p.Err, ErrRouteWins):
+		reason = ReasonRouteWins
+	case p.Annotation != "":
 		reason = ReasonInvalidWeights
 	}
 	ref := &corev1.ObjectReference{Kind: "Service", APIVersion: "v1", Namespace: p.Namespace, Name: p.Name}

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"strconv"
@@ -161,8 +162,17 @@ func routePortName(port corev1.ServicePort, route string) string {
 	return portName(port) + "/" + route
 }
 
-// errRouteWins is the Problem of a Service that has both AnnotationSplit and
-// a route with it as parent.
+// ErrRouteWins marks the Problem of a Service that has both AnnotationSplit
+// and a route with it as parent (Event reason ReasonRouteWins).
+var ErrRouteWins = errors.New("wins over the annotation")
+
 func errRouteWins(port corev1.ServicePort, route string) error {
-	return fmt.Errorf("port %s: %s has this Service as parent and wins over the annotation", strconv.Quote(portName(port)), route)
+	return fmt.Errorf("port %s: %s has this Service as parent and %w", strconv.Quote(portName(port)), route, ErrRouteWins)
+}
+
+// ProgrammedNotifier is a RouteSource told after each sync that the
+// dataplane applied: the routes of the last Routes call are then in the
+// kernel of this node.
+type ProgrammedNotifier interface {
+	Programmed()
 }

@@ -49,9 +49,11 @@ type Source struct {
 	namespaces  corelisters.NamespaceLister
 	synced      []cache.InformerSynced
 
-	mu     sync.Mutex
-	last   *Result
-	onDone func()
+	mu sync.Mutex
+	// pending is the Result of the last Routes call, last the one whose
+	// routes the dataplane applied (what status reports).
+	pending, last *Result
+	onDone        func()
 }
 
 // NewSource returns a source over the clients; Start begins the watch.
@@ -162,16 +164,28 @@ func (s *Source) Snapshot(svcs []*corev1.Service) Input {
 	return in
 }
 
-// Routes translates the current snapshot (controller.RouteSource) and
-// hands its status to the writer.
+// Routes translates the current snapshot (controller.RouteSource).
 func (s *Source) Routes(svcs []*corev1.Service) controller.Routes {
 	res := Translate(s.Snapshot(svcs))
 	s.mu.Lock()
-	s.last = &res
+	s.pending = &res
+	s.mu.Unlock()
+	return res.Routes
+}
+
+// Programmed hands the status of the last translation to the writer once
+// the sync that used it has applied (controller.ProgrammedNotifier), so
+// Programmed is never written before this node's kernel has the routes.
+func (s *Source) Programmed() {
+	s.mu.Lock()
+	if s.pending == nil {
+		s.mu.Unlock()
+		return
+	}
+	s.last, s.pending = s.pending, nil
 	notify := s.onDone
 	s.mu.Unlock()
 	notify()
-	return res.Routes
 }
 
 // latest returns the Result of the last Routes call, or nil.

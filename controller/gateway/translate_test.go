@@ -308,3 +308,29 @@ func TestMergeConditionsKeepsTransitionTime(t *testing.T) {
 		t.Errorf("routeParents kept %+v changed %v", out, changed)
 	}
 }
+
+// TestRelevantUpdate: our own status writes do not trigger a sync; spec,
+// label and held-address changes do.
+func TestRelevantUpdate(t *testing.T) {
+	r := tcpRoute("web", 0, gwv1.ParentReference{Name: "gw"})
+	r2 := r.DeepCopy()
+	r2.ResourceVersion = "2"
+	r2.Status.Parents = []gwv1.RouteParentStatus{{ControllerName: ControllerName}}
+	if relevantUpdate(r, r2) {
+		t.Error("a status-only TCPRoute update counts as relevant")
+	}
+	r2.Generation = 2
+	if !relevantUpdate(r, r2) {
+		t.Error("a spec change (new generation) is not relevant")
+	}
+	g := gw("gw", 0)
+	g2 := g.DeepCopy()
+	g2.Status.Conditions = []metav1.Condition{{Type: "Accepted"}}
+	if relevantUpdate(g, g2) {
+		t.Error("a Gateway condition write counts as relevant")
+	}
+	g2.Status.Addresses = []gwv1.GatewayStatusAddress{{Value: "198.18.200.1"}}
+	if !relevantUpdate(g, g2) {
+		t.Error("a change of the held address is not relevant")
+	}
+}

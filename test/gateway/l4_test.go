@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
+	"github.com/steelyard-net/steelyard/controller"
 	"github.com/steelyard-net/steelyard/dataplane"
 	"github.com/steelyard-net/steelyard/test/sandbox"
 )
@@ -127,7 +128,7 @@ func TestUDPRouteAndServiceParent(t *testing.T) {
 	waitCondition(t, "TCPRoute canary", "Accepted", metav1.ConditionTrue, "Accepted", e.tcpRouteConds(testNS, "canary", "front"))
 	poll(t, 15*time.Second, 100*time.Millisecond, "Event: the route wins over the annotation", func() (bool, string) {
 		for _, ev := range e.events(testNS, "Service", "front") {
-			if strings.Contains(ev.Message, "canary") && strings.Contains(ev.Message, "wins") {
+			if ev.Reason == controller.ReasonRouteWins && strings.Contains(ev.Message, "canary") {
 				t.Logf("Event %s %s: %s", ev.Type, ev.Reason, ev.Message)
 				return true, ""
 			}
