@@ -334,3 +334,28 @@ func TestRelevantUpdate(t *testing.T) {
 		t.Error("a change of the held address is not relevant")
 	}
 }
+
+// TestSpecAddresses: spec.addresses are used as written and kept out of
+// the pool; a Hostname address is refused with UnsupportedAddress.
+func TestSpecAddresses(t *testing.T) {
+	l := gwv1.Listener{Name: "tcp", Protocol: gwv1.TCPProtocolType, Port: 80}
+	fixed := gw("fixed", 5, l)
+	fixed.Spec.Addresses = []gwv1.GatewaySpecAddress{{Type: ptr.To(gwv1.IPAddressType), Value: "198.18.200.1"}}
+	named := gw("named", 0, l)
+	named.Spec.Addresses = []gwv1.GatewaySpecAddress{{Type: ptr.To(gwv1.HostnameAddressType), Value: "lb.example"}}
+	pooled := gw("pooled", 10, l)
+	res := Translate(Input{Classes: []*gwv1.GatewayClass{class()}, Gateways: []*gwv1.Gateway{fixed, named, pooled}, Pool: netip.MustParsePrefix("198.18.200.0/29")})
+	get := func(n string) gwv1.GatewayStatus { return res.Gateways[types.NamespacedName{Namespace: ns, Name: n}] }
+	if a := get("fixed").Addresses; len(a) != 1 || a[0].Value != "198.18.200.1" {
+		t.Errorf("fixed %+v", a)
+	}
+	if a := get("pooled").Addresses; len(a) != 1 || a[0].Value != "198.18.200.2" {
+		t.Errorf("pooled %+v, want .2 (.1 is fixed's)", a)
+	}
+	if c := condOf(t, get("named").Conditions, "Accepted"); c.Reason != "UnsupportedAddress" || c.Status != metav1.ConditionFalse {
+		t.Errorf("named Accepted %+v", c)
+	}
+	if len(res.Routes.Listeners) != 0 {
+		t.Errorf("listeners without routes became Service ports: %+v", res.Routes.Listeners)
+	}
+}
