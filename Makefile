@@ -19,6 +19,7 @@ endif
 .PHONY: all build deps demo test unit e2e k8s cni control-plane bench bench-k8s fuzz vet clean
 .PHONY: ingress bench-ingress
 .PHONY: ipvs
+.PHONY: gateway
 
 all: build
 
@@ -38,7 +39,7 @@ demo: deps build
 # Every suite: vet, unit tests (no root), kernel tests (root, in namespaces),
 # and the tests against a real kube-apiserver and etcd (built from source
 # once, about 11 minutes, then cached under ~/.cache/steelyard).
-test: deps build vet unit e2e k8s cni ingress ipvs
+test: deps build vet unit e2e k8s cni ingress ipvs gateway
 
 vet:
 	$(GO) vet ./...
@@ -47,6 +48,7 @@ vet:
 	$(GO) vet -tags ipvsvm ./test/...
 	$(GO) vet -tags cni ./test/...
 	$(GO) vet -tags ingress ./test/...
+	$(GO) vet -tags gateway ./test/...
 
 # kube-apiserver, kubectl, kube-proxy (v1.37.2) and etcd (v3.7.3), built
 # through the Go module proxy and cached by version.
@@ -83,6 +85,13 @@ cni: deps build
 # namespaces (routing, TLS, injection, weights, churn without reloads).
 ingress: deps build control-plane
 	$(ROOT) env STEELYARD_BIN=$(CURDIR)/bin/steelyard $(GO) test -tags ingress -count=1 -timeout 20m -v ./test/ingress/
+
+# The Gateway API layer against a real API server: the CRDs of the
+# sigs.k8s.io/gateway-api module in go.mod (its standard install manifest),
+# TCPRoute/UDPRoute shares by real traffic, status conditions,
+# ReferenceGrant, Service-parent routes.
+gateway: deps build control-plane
+	$(ROOT) env STEELYARD_BIN=$(CURDIR)/bin/steelyard $(GO) test -tags gateway -count=1 -timeout 20m -v ./test/gateway/
 
 # Benchmarks print tables; they assert nothing.
 bench: deps build

@@ -55,6 +55,9 @@ type Agent struct {
 	// calls it once a sync's RequeueAfter has passed (IPVS destinations
 	// draining), so no dataplane needs to know the runner.
 	Requeue func()
+	// Routes, when set, gives the Gateway API splits of each sync (see
+	// Routes); it sees the same Services as the Builder.
+	Routes RouteSource
 
 	lastFull      time.Time
 	retryTriggers []time.Time
@@ -68,6 +71,15 @@ type Agent struct {
 	// fires on its own goroutine).
 	requeueMu sync.Mutex
 	requeue   bool
+	// lastRouted are the Services whose ports routes made at the last
+	// successful sync (so a partial sync also removes a route's ports).
+	lastRouted map[dataplane.ServiceName]bool
+}
+
+// RouteSource gives the routes of one sync from the Services it reads
+// (controller/gateway implements it).
+type RouteSource interface {
+	Routes(svcs []*corev1.Service) Routes
 }
 
 // ErrSync marks a sync that failed in the dataplane.
@@ -96,6 +108,12 @@ func (a *Agent) Sync() error {
 		}
 	}
 	a.inputs = reportChanges(a.inputs, errorStrings(errs), "input error", "input error resolved")
+	var routed map[dataplane.ServiceName]bool
+	if a.Routes != nil {
+		routes := a.Routes.Routes(svcs)
+		a.Builder.SetRoutes(routes)
+		routed = routes.serviceNames()
+	}
 	state, problems := a.Builder.Build(svcs, slices)
 	ps := make([]string, 0, len(problems))
 	for _, p := range problems {
@@ -115,6 +133,15 @@ func (a *Agent) Sync() error {
 	req := dataplane.SyncRequest{Full: full}
 	if a.Tracker != nil {
 		req.Changed = changedServices(drained, svcs)
+		// Route changes do not pass through the Service tracker, and a
+		// route's ports follow its backend Services: the few ports that
+		// routes make (now or at the last sync) are always looked at.
+		for n := range routed {
+			req.Changed[n] = true
+		}
+		for n := range a.lastRouted {
+			req.Changed[n] = true
+		}
 	}
 	res, err := a.Dataplane.Sync(state, req)
 	if err != nil {
@@ -136,8 +163,12 @@ func (a *Agent) Sync() error {
 	if full {
 		a.lastFull = start
 	}
+	a.lastRouted = routed
 	a.scheduleRequeue(clk, res.RequeueAfter)
 	a.cleanConntrack(state)
+	if n, ok := a.Routes.(ProgrammedNotifier); ok {
+		n.Programmed()
+	}
 	a.observe(state, drained, full, start, len(problems)+len(errs))
 	fields := logrus.Fields{"full": full, "services": len(state.Services), "took": clk.Since(start).Round(time.Microsecond).String()}
 	if changed >= 0 {
@@ -272,11 +303,17 @@ func (a *Agent) observe(state dataplane.State, drained Drained, full bool, start
 const (
 	ReasonInvalidWeights = "InvalidWeights"
 	ReasonInvalidService = "InvalidService"
+	// ReasonRouteWins: a TCPRoute/UDPRoute with the Service as parent
+	// overrides its AnnotationSplit.
+	ReasonRouteWins = "RouteWinsOverSplit"
 )
 
 func (a *Agent) recordEvent(p Problem) {
 	reason := ReasonInvalidService
-	if p.Annotation != "" {
+	switch {
+	case errors.Is(p.Err, ErrRouteWins):
+		reason = ReasonRouteWins
+	case p.Annotation != "":
 		reason = ReasonInvalidWeights
 	}
 	ref := &corev1.ObjectReference{Kind: "Service", APIVersion: "v1", Namespace: p.Namespace, Name: p.Name}

@@ -81,6 +81,8 @@ type Builder struct {
 	// objects that disappeared; absence of an annotation counts as its valid
 	// value, so it is not stored.
 	lastValid map[annotationRef]any
+	// routes are the Gateway API splits of the next Builds (SetRoutes).
+	routes Routes
 }
 
 // EnableIPv6 makes the Builder build IPv6 Service ports as well (clusterIPs
@@ -185,6 +187,7 @@ func (b *Builder) Build(services []*corev1.Service, slices []*discoveryv1.Endpoi
 	for _, k := range keys {
 		state.Services = append(state.Services, bd.servicePorts(bd.services[k])...)
 	}
+	state.Services = append(state.Services, bd.listenerPorts()...)
 	state.Sort()
 	state.Services = bd.dropDuplicateVIPs(state.Services)
 
@@ -361,7 +364,15 @@ func (bd *build) familyPorts(si *serviceInfo, ip netip.Addr) []dataplane.Service
 		if port.NodePort > 0 && port.NodePort <= 65535 && svc.Spec.Type != corev1.ServiceTypeClusterIP {
 			sp.NodePort = uint16(port.NodePort)
 		}
-		if si.hasSplit {
+		if r := bd.serviceRoute(si, port); r != nil {
+			// A route with this Service as parent is the standard form
+			// of the split annotation, and wins over it.
+			if si.hasSplit {
+				bd.problem(svc.Namespace, svc.Name, KindService, svc.Name, AnnotationSplit, errRouteWins(port, r.Route))
+			}
+			sp.Name.Port = routePortName(port, r.Route)
+			sp.Backends = bd.routeBackends(sp.Name.String(), r.Backends, proto, family)
+		} else if si.hasSplit {
 			sp.Backends = bd.splitBackends(si, port, family)
 		} else {
 			sp.Backends = bd.backends(si, port, family)
@@ -622,26 +633,7 @@ func (bd *build) splitBackends(x *serviceInfo, port corev1.ServicePort, family d
 				continue
 			}
 		}
-		bes := bd.backends(s, sp, family)
-		var sum float64
-		for _, be := range bes {
-			sum += be.Weight
-		}
-		for _, be := range bes {
-			if part.Weight == 0 || sum == 0 {
-				be.Weight = 0
-			} else {
-				// Weights are integers < 2^16, so this is exact up to the
-				// final division; tests compare with the same expression.
-				be.Weight = float64(part.Weight) * be.Weight / sum
-			}
-			if i, dup := index[be.Addr()]; dup {
-				out[i].Weight += be.Weight
-				continue
-			}
-			index[be.Addr()] = len(out)
-			out = append(out, be)
-		}
+		out = addPart(out, index, bd.backends(s, sp, family), part.Weight)
 	}
 	return out
 }

@@ -45,6 +45,7 @@ func newVerifyCommand() *cobra.Command {
 		proxyName  string
 		nodeName   string
 		node       nodeFlags
+		gw         gatewayFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "verify",
@@ -78,6 +79,12 @@ func newVerifyCommand() *cobra.Command {
 				return err
 			}
 			builder, _ := node.builder(cmd.Context(), d, kubeconfig, manifests, nodeName)
+			if err := gw.check(manifests); err != nil {
+				return err
+			}
+			if err := gw.routes(cmd.Context(), kubeconfig, svcs, builder); err != nil {
+				return err
+			}
 			state, problems := builder.Build(svcs, slices)
 			for _, p := range problems {
 				fmt.Fprintln(cmd.ErrOrStderr(), "warning:", p.Error())
@@ -105,6 +112,7 @@ func newVerifyCommand() *cobra.Command {
 	cmd.Flags().StringVar(&proxyName, "service-proxy-name", "", "as for run: which Services the agent handles")
 	cmd.Flags().StringVar(&nodeName, "node-name", defaultNodeName(), "as for run: this node's name (local endpoints)")
 	node.register(cmd, false)
+	gw.register(cmd, false)
 	return cmd
 }
 

@@ -69,6 +69,7 @@ func newRunCommand() *cobra.Command {
 		fullSyncPeriod time.Duration
 		ing            ingressFlags
 		node           nodeFlags
+		gw             gatewayFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -81,6 +82,9 @@ func newRunCommand() *cobra.Command {
 			addrs := &nodeAddressSource{}
 			d, err := dp.open(addrs)
 			if err != nil {
+				return err
+			}
+			if err := gw.check(manifests); err != nil {
 				return err
 			}
 			if err := dataplane.SetSysctl("net.ipv4.ip_forward", "1"); err != nil {
@@ -133,6 +137,11 @@ func newRunCommand() *cobra.Command {
 				agent.Source, agent.Tracker = src, src.Tracker
 				metrics.WatchTracker(src.Tracker)
 				metrics.WatchAPIServer(src.API)
+				waitGateway, err := gw.start(ctx, kubeconfig, nodeName, agent, r.Trigger)
+				if err != nil {
+					return err
+				}
+				defer waitGateway() // the status Lease released before we exit
 				fields["kubeconfig"], fields["service-proxy-name"] = kubeconfig, proxyName
 			}
 			waitIngress, err := ing.start(ctx, kubeconfig, manifests, nodeName, metrics.Registry)
@@ -163,6 +172,7 @@ func newRunCommand() *cobra.Command {
 	dp.register(cmd, true)
 	node.register(cmd, true)
 	ing.register(cmd)
+	gw.register(cmd, true)
 	cmd.Flags().StringVar(&manifests, "manifests", "", "directory of Service and EndpointSlice manifests (YAML or JSON); without it, the API server is the source")
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the API server (in-cluster config when empty)")
 	cmd.Flags().StringVar(&nodeName, "node-name", defaultNodeName(), "this node's name (default: $NODE_NAME, else the hostname)")

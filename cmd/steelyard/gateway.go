@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+
+	"github.com/steelyard-net/steelyard/controller"
+	"github.com/steelyard-net/steelyard/controller/gateway"
+)
+
+// gatewayFlags configure the Gateway API layer (TCPRoute and UDPRoute in
+// the kernel).
+type gatewayFlags struct {
+	enabled   bool
+	pool      string
+	leaseNS   string
+	parsedNet netip.Prefix
+}
+
+func (f *gatewayFlags) register(cmd *cobra.Command, run bool) {
+	fl := cmd.Flags()
+	fl.BoolVar(&f.enabled, "gateway", false, "serve Gateway API TCPRoutes and UDPRoutes of GatewayClasses with controllerName "+string(gateway.ControllerName)+" (needs the API server and the Gateway API CRDs)")
+	fl.StringVar(&f.pool, "gateway-address-pool", "", "CIDR that Gateways without spec.addresses get an address from; empty: none")
+	if run {
+		fl.StringVar(&f.leaseNS, "gateway-lease-namespace", "steelyard", "namespace of the Lease that elects the one agent writing Gateway API status")
+	}
+}
+
+func (f *gatewayFlags) check(manifests string) error {
+	if !f.enabled {
+		return nil
+	}
+	if manifests != "" {
+		return errors.New("--gateway needs the API server as source, not --manifests")
+	}
+	p, err := gateway.ParsePool(f.pool)
+	f.parsedNet = p
+	return err
+}
+
+// clients connects to the API server with the Gateway API clientset too.
+func (f *gatewayFlags) clients(kubeconfig string) (versioned.Interface, kubernetes.Interface, error) {
+	var (
+		cfg *rest.Config
+		err error
+	)
+	if kubeconfig == "" {
+		cfg, err = rest.InClusterConfig()
+	} else {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("API server config: %w", err)
+	}
+	cfg.UserAgent = "steelyard/" + version
+	gw, err := versioned.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	kube, err := kubernetes.NewForConfig(cfg)
+	return gw, kube, err
+}
+
+// start watches the Gateway API objects, makes the agent's syncs program
+// their routes (changes trigger the sync runner, as Service changes do),
+// and campaigns for the status writer's Lease.
+// It returns a wait that blocks (at most 5 s) until the Lease is released.
+func (f *gatewayFlags) start(ctx context.Context, kubeconfig, nodeName string, agent *controller.Agent, trigger func()) (wait func(), err error) {
+	wait = func() {}
+	if !f.enabled {
+		return wait, nil
+	}
+	gw, kube, err := f.clients(kubeconfig)
+	if err != nil {
+		return wait, err
+	}
+	src := gateway.NewSource(gw, kube, f.parsedNet)
+	w := &gateway.StatusWriter{Source: src, GW: gw, Kube: kube, Identity: nodeName, Namespace: f.leaseNS}
+	if err := w.Run(ctx); err != nil {
+		return wait, err
+	}
+	wait = func() {
+		select {
+		case <-w.Done():
+		case <-time.After(5 * time.Second):
+			log.Warn("the status Lease was not released in time")
+		}
+	}
+	if err := src.Start(ctx, trigger); err != nil {
+		return wait, fmt.Errorf("gateway: %w", err)
+	}
+	agent.Routes = src
+	log.WithField("pool", f.pool).Info("Gateway API layer started")
+	return wait, nil
+}
+
+// routes lists the Gateway API objects once and gives their routes to
+// builder (for verify).
+func (f *gatewayFlags) routes(ctx context.Context, kubeconfig string, svcs []*corev1.Service, builder *controller.Builder) error {
+	if !f.enabled {
+		return nil
+	}
+	gw, kube, err := f.clients(kubeconfig)
+	if err != nil {
+		return err
+	}
+	in, err := gateway.List(ctx, gw, kube, svcs, f.parsedNet)
+	if err != nil {
+		return err
+	}
+	builder.SetRoutes(gateway.Translate(in).Routes)
+	return nil
+}
