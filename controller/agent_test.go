@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -357,5 +358,40 @@ func TestAgentRequeuesAfterResult(t *testing.T) {
 	case <-requeued:
 		t.Error("requeued twice for one pending RequeueAfter")
 	case <-time.After(50 * time.Millisecond):
+	}
+}
+
+type fixedRoutes struct{ r Routes }
+
+func (f *fixedRoutes) Routes([]*corev1.Service) Routes { return f.r }
+
+// Route changes do not pass through the Service tracker: the ports routes
+// make, now or at the last sync, are in every partial sync's changed set,
+// so a route that changes or goes away is written.
+func TestAgentChangedSetHasRoutePorts(t *testing.T) {
+	tr := NewChangeTracker()
+	routes := &fixedRoutes{r: Routes{
+		Listeners: []ListenerRoute{{Name: dataplane.ServicePortName{Namespace: "demo", Name: "gw", Port: "tcp/TCPRoute/demo/r"},
+			VIP: dataplane.VIP{IP: netip.MustParseAddr("198.18.200.1"), Port: 9000, Protocol: dataplane.TCP}}},
+		Services: []ServiceRoute{{Service: types.NamespacedName{Namespace: "demo", Name: "web"}, Protocol: dataplane.TCP, Route: "TCPRoute/demo/g"}},
+	}}
+	d := &resultDataplane{}
+	a := &Agent{Source: &staticSource{}, Tracker: tr, Builder: NewBuilder(), Dataplane: d, Routes: routes,
+		FullSyncPeriod: time.Hour, Clock: clocktesting.NewFakeClock(time.Unix(1000, 0))}
+	if err := a.Sync(); err != nil { // first: full
+		t.Fatal(err)
+	}
+	routes.r = Routes{} // both routes deleted: nothing in the tracker
+	for i, want := range []map[dataplane.ServiceName]bool{
+		{{Namespace: "demo", Name: "gw"}: true, {Namespace: "demo", Name: "web"}: true}, // removed since the last sync
+		{}, // and gone from the next one
+	} {
+		if err := a.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		req := d.reqs[i+1]
+		if req.Full || fmt.Sprint(req.Changed) != fmt.Sprint(want) {
+			t.Errorf("sync %d: request %+v, want partial with %v", i+1, req, want)
+		}
 	}
 }
