@@ -20,6 +20,7 @@ endif
 .PHONY: ingress bench-ingress
 .PHONY: ipvs
 .PHONY: gateway
+.PHONY: docs-check
 
 all: build
 
@@ -39,7 +40,7 @@ demo: deps build
 # Every suite: vet, unit tests (no root), kernel tests (root, in namespaces),
 # and the tests against a real kube-apiserver and etcd (built from source
 # once, about 11 minutes, then cached under ~/.cache/steelyard).
-test: deps build vet unit e2e k8s cni ingress ipvs gateway
+test: deps build vet unit e2e k8s cni ingress ipvs gateway docs-check
 
 vet:
 	$(GO) vet ./...
@@ -118,6 +119,11 @@ fuzz:
 	set -e; for t in $(FUZZ_TARGETS); do \
 		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) "$${t%%:*}"; \
 	done
+
+# The runnable commands of README.md and docs/*.md (marked <!-- docs-check -->),
+# in a throwaway network namespace beside `steelyard run --manifests examples`.
+docs-check: deps build
+	$(ROOT) env STEELYARD_BIN=$(CURDIR)/bin/steelyard scripts/docs-check.sh
 
 clean:
 	rm -rf bin

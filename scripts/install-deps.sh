@@ -9,6 +9,8 @@ command -v iptables-nft-restore >/dev/null 2>&1 || need+=(iptables)
 command -v iptables-legacy-restore >/dev/null 2>&1 || need+=(iptables)
 command -v conntrack >/dev/null 2>&1 || need+=(conntrack)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+# curl for make docs-check (the metrics and health endpoints in docs/operations.md).
+command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || need+=(nftables)
 # nginx for the L7 Ingress layer (steelyard runs it as its own child, never as a service).
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
