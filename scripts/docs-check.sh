@@ -5,14 +5,16 @@
 #
 # Markers (each on its own line, right before a fenced block):
 #   <!-- docs-check -->          the next ```sh block is run with
-#                                bash -euo pipefail, 30 s at most
+#                                bash -euo pipefail, 30 s at most, beside an
+#                                agent in iptables mode
+#   <!-- docs-check nftables --> the same beside an agent in nftables mode
 #   <!-- docs-check output -->   the next ``` block lists lines the output
 #                                of the previous runnable block must contain
 #
-# The namespace gets loopback and `steelyard run --manifests examples`
-# (iptables mode, bounded by `timeout`); blocks run from the repository root
-# with bin/ first in PATH. The agent is stopped and the namespace deleted at
-# the end, also on failure or Ctrl-C. Runnable blocks may only read: one
+# Each mode used gets its own namespace with loopback and `steelyard run
+# --manifests examples --mode M` (bounded by `timeout`); blocks run from the
+# repository root with bin/ first in PATH. The agents are stopped and the
+# namespaces deleted at the end, also on failure or Ctrl-C. Runnable blocks may only read: one
 # that calls kubectl, `steelyard run`, `steelyard cleanup` or install-cni
 # is refused (commands that need a cluster are shown unmarked in the docs).
 #
@@ -33,14 +35,17 @@ if [ ! -x "$bin" ]; then
 fi
 
 work=$(mktemp -d)
-ns="sydocs$$"
-agent=
+modes=(iptables nftables)
+declare -A agent=()
 cleanup() {
-	if [ -n "$agent" ]; then
-		kill -TERM "$agent" 2>/dev/null || true
-		wait "$agent" 2>/dev/null || true
-	fi
-	ip netns del "$ns" 2>/dev/null || true
+	local m
+	for m in "${!agent[@]}"; do
+		kill -TERM "${agent[$m]}" 2>/dev/null || true
+		wait "${agent[$m]}" 2>/dev/null || true
+	done
+	for m in "${modes[@]}"; do
+		ip netns del "sydocs$$-$m" 2>/dev/null || true
+	done
 	rm -rf "$work"
 }
 trap cleanup EXIT
@@ -50,13 +55,14 @@ trap 'exit 130' INT TERM
 # and $work/N.where (file:line).
 n=0
 extract() {
-	local file=$1 lineno=0 state=text line pending=
+	local file=$1 lineno=0 state=text line pending= mode=
 	while IFS= read -r line || [ -n "$line" ]; do
 		lineno=$((lineno + 1))
 		case $state in
 		text)
 			case $line in
-			'<!-- docs-check -->') pending=run state=fence ;;
+			'<!-- docs-check -->') pending=run mode=iptables state=fence ;;
+			'<!-- docs-check nftables -->') pending=run mode=nftables state=fence ;;
 			'<!-- docs-check output -->')
 				if [ "$n" = 0 ] || [ -e "$work/$n.expect" ]; then
 					echo "docs-check: $file:$lineno: output marker without a runnable block before it" >&2
@@ -69,6 +75,7 @@ extract() {
 			if [ "$pending" = run ] && [ "$line" = '```sh' ]; then
 				n=$((n + 1))
 				echo "$file:$lineno" >"$work/$n.where"
+				echo "$mode" >"$work/$n.mode"
 				: >"$work/$n.sh"
 				state=run
 			elif [ "$pending" = expect ] && [ "$line" = '```' ]; then
@@ -109,31 +116,40 @@ for i in $(seq 1 "$n"); do
 	fi
 done
 
-ip netns add "$ns"
-ip -n "$ns" link set lo up
-ip netns exec "$ns" timeout "$agent_timeout" "$bin" run --manifests examples \
-	>"$work/agent.log" 2>&1 &
-agent=$!
-# The first sync of examples/ takes well under a second; allow 30.
-for _ in $(seq 1 150); do
-	if ip netns exec "$ns" "$bin" explain 2>/dev/null | grep -q 'demo/web:http'; then
-		break
-	fi
-	if ! kill -0 "$agent" 2>/dev/null; then
-		echo "docs-check: the agent exited:" >&2
-		cat "$work/agent.log" >&2
-		exit 1
-	fi
-	sleep 0.2
+# start MODE: a namespace with an agent in MODE, waited for until its first
+# sync shows in explain (well under a second for examples/; 30 s at most).
+start() {
+	local m=$1 ns="sydocs$$-$1"
+	ip netns add "$ns"
+	ip -n "$ns" link set lo up
+	ip netns exec "$ns" timeout "$agent_timeout" "$bin" run --manifests examples --mode "$m" \
+		>"$work/agent-$m.log" 2>&1 &
+	agent[$m]=$!
+	for _ in $(seq 1 150); do
+		if ip netns exec "$ns" "$bin" explain --mode "$m" 2>/dev/null | grep -q 'demo/web:http'; then
+			return 0
+		fi
+		if ! kill -0 "${agent[$m]}" 2>/dev/null; then
+			break
+		fi
+		sleep 0.2
+	done
+	echo "docs-check: the $m agent did not sync examples/:" >&2
+	cat "$work/agent-$m.log" >&2
+	exit 1
+}
+for m in $(sort -u "$work"/*.mode); do
+	start "$m"
 done
 
 pass=0 fail=0
 for i in $(seq 1 "$n"); do
 	where=$(cat "$work/$i.where")
-	echo "=== $where"
+	mode=$(cat "$work/$i.mode")
+	echo "=== $where ($mode)"
 	sed 's/^/$ /' "$work/$i.sh"
 	status=0
-	ip netns exec "$ns" env PATH="$(dirname "$bin"):$PATH" \
+	ip netns exec "sydocs$$-$mode" env PATH="$(dirname "$bin"):$PATH" \
 		timeout "$block_timeout" bash -euo pipefail "$work/$i.sh" >"$work/$i.out" 2>&1 || status=$?
 	cat "$work/$i.out"
 	ok=1
@@ -157,7 +173,9 @@ for i in $(seq 1 "$n"); do
 done
 echo "docs-check: $pass blocks passed, $fail failed"
 if [ "$fail" != 0 ]; then
-	echo "--- agent log" >&2
-	tail -n 20 "$work/agent.log" >&2
+	for m in "${!agent[@]}"; do
+		echo "--- $m agent log" >&2
+		tail -n 20 "$work/agent-$m.log" >&2
+	done
 	exit 1
 fi
