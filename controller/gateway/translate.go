@@ -379,7 +379,7 @@ func attach(r *route, pr gwv1.ParentReference, refs []controller.RouteBackend, l
 		allowed++
 		l.attached++
 		if l.route != "" {
-			continue // the listener serves an older route; see README
+			continue // the listener serves an older route; see docs/gateway.md
 		}
 		l.route = r.key()
 		for _, a := range addrs[types.NamespacedName{Namespace: ns, Name: string(pr.Name)}] {

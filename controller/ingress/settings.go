@@ -43,7 +43,7 @@ func DefaultSettings() Settings {
 // durationRE is an nginx time value: a number and an optional unit.
 var durationRE = regexp.MustCompile(`^[0-9]{1,6}(ms|s|m|h)?$`)
 
-// SettingKeys documents the ConfigMap keys, in README order.
+// SettingKeys documents the ConfigMap keys, in the order of docs/l7.md.
 var SettingKeys = []string{
 	"worker-processes", "worker-connections", "upstream-keepalive-connections",
 	"keepalive-timeout", "proxy-connect-timeout", "proxy-read-timeout", "proxy-send-timeout",
