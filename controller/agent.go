@@ -46,6 +46,9 @@ type Agent struct {
 	// Metrics and Health, when set, are updated after each sync.
 	Metrics *Metrics
 	Health  *Health
+	// Zone, when set, is read into Builder.Zone at the start of each sync:
+	// the node's zone as its Node object says now (NodeWatcher).
+	Zone func() string
 	// Conntrack, when set, deletes the UDP conntrack entries that a sync
 	// leaves pointing at endpoints that left (see StaleFlows); nil: off.
 	Conntrack ConntrackCleaner
@@ -84,6 +87,9 @@ func (a *Agent) Sync() error {
 		changed = len(drained.Services)
 		drained.Triggers = append(drained.Triggers, a.retryTriggers...)
 		a.retryTriggers = nil
+	}
+	if a.Zone != nil {
+		a.Builder.Zone = a.Zone()
 	}
 	svcs, slices, errs := a.Source.Load()
 	if a.Events != nil {

@@ -95,7 +95,10 @@ func unwrap(d dataplane.Dataplane) dataplane.Dataplane {
 // setupParity wires the kube-proxy parity features into the agent: the
 // Builder's node facts, the node port addresses, IPv6 forwarding, and the
 // healthCheckNodePort servers.
-func (f *nodeFlags) setupParity(ctx context.Context, agent *controller.Agent, kubeconfig, manifests, nodeName string) error {
+//
+// In cluster mode it then follows the Node (controller.WatchNode): a new
+// zone or primary address reaches the next sync, which trigger requests.
+func (f *nodeFlags) setupParity(ctx context.Context, agent *controller.Agent, kubeconfig, manifests, nodeName string, trigger func()) error {
 	var cidrs []netip.Prefix
 	for _, c := range f.nodePortAddresses {
 		if c == "" {
@@ -109,7 +112,28 @@ func (f *nodeFlags) setupParity(ctx context.Context, agent *controller.Agent, ku
 	}
 	b, primary := f.builder(ctx, agent.Dataplane, kubeconfig, manifests, nodeName)
 	agent.Builder.NodeName, agent.Builder.Zone = b.NodeName, b.Zone
-	addrs := func() []netip.Addr { return nodePortAddresses(cidrs, primary) }
+	var nodeWatch *controller.NodeWatcher
+	if manifests == "" {
+		if client, err := newClient(kubeconfig); err == nil {
+			nodeWatch = controller.WatchNode(ctx, client, nodeName, func(controller.NodeFacts) { trigger() })
+			if f.zone == "" { // the flag, when given, wins over the label
+				agent.Zone = func() string {
+					if nf, ok := nodeWatch.Facts(); ok {
+						return nf.Zone
+					}
+					return b.Zone
+				}
+			}
+		}
+	}
+	addrs := func() []netip.Addr {
+		if nodeWatch != nil {
+			if nf, ok := nodeWatch.Facts(); ok {
+				return nodePortAddresses(cidrs, nf.Addrs)
+			}
+		}
+		return nodePortAddresses(cidrs, primary)
+	}
 	if ds, ok := agent.Dataplane.(*iptables.DualStack); ok {
 		ds.V4.NodeAddresses = addrs
 		if ds.V6 != nil {

@@ -155,10 +155,10 @@ func newRunCommand() *cobra.Command {
 			if err := serve(ctx, "healthz", healthzAddr, "/", health.Handler()); err != nil {
 				return err
 			}
-			if err := node.setupParity(ctx, agent, kubeconfig, manifests, nodeName); err != nil {
+			r := runner.New(agent.Sync, minSyncPeriod, syncPeriod, 0, nil)
+			if err := node.setupParity(ctx, agent, kubeconfig, manifests, nodeName, r.Trigger); err != nil {
 				return err
 			}
-			r := runner.New(agent.Sync, minSyncPeriod, syncPeriod, 0, nil)
 			if p, ok := d.(*ipvs.DualStack); ok {
 				p.SetTrigger(r.Trigger) // deletes drained destinations soon after their last connection
 			}
