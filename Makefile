@@ -19,6 +19,7 @@ endif
 .PHONY: all build deps demo test unit e2e k8s cni control-plane bench bench-k8s fuzz vet clean
 .PHONY: ingress bench-ingress
 .PHONY: ipvs
+.PHONY: node node-deps cluster-up cluster-down
 
 all: build
 
@@ -38,7 +39,7 @@ demo: deps build
 # Every suite: vet, unit tests (no root), kernel tests (root, in namespaces),
 # and the tests against a real kube-apiserver and etcd (built from source
 # once, about 11 minutes, then cached under ~/.cache/steelyard).
-test: deps build vet unit e2e k8s cni ingress ipvs
+test: deps build vet unit e2e k8s cni ingress ipvs node
 
 vet:
 	$(GO) vet ./...
@@ -47,6 +48,7 @@ vet:
 	$(GO) vet -tags ipvsvm ./test/...
 	$(GO) vet -tags cni ./test/...
 	$(GO) vet -tags ingress ./test/...
+	$(GO) vet -tags node ./test/...
 
 # kube-apiserver, kubectl, kube-proxy (v1.37.2) and etcd (v3.7.3), built
 # through the Go module proxy and cached by version.
@@ -97,6 +99,35 @@ bench-k8s: deps build control-plane
 # for VIP upstreams (steelyard) and pod upstreams (reload per change).
 bench-ingress: deps build control-plane
 	$(ROOT) env RATE="$(RATE)" DURATION="$(DURATION)" PERIOD="$(PERIOD)" MODES="$(MODES)" scripts/bench-ingress.sh
+
+# A real node: kubelet, containerd v2.3 (built from the Go module proxy,
+# with Debian's runc), kube-controller-manager and kube-scheduler v1.37.2,
+# in network namespaces, cgroups and a mount namespace of its own;
+# steelyard installed from manifests/ with kubectl; real pods (agnhost).
+# Images are built here without a registry (scripts/node/images.sh) and
+# everything is cached under ~/.cache/steelyard.
+NODE_ENV = STEELYARD_CONTAINERD_DIR=$$(scripts/node/containerd.sh) CNI_PLUGINS_DIR=$$(scripts/cni-plugins.sh) STEELYARD_IMAGES_DIR=$$(scripts/node/images.sh)
+
+node-deps: deps control-plane
+	$(ROOT) scripts/install-deps.sh --node
+
+node: node-deps
+	$(ROOT) env $(NODE_ENV) $(GO) test -tags node -count=1 -timeout 30m -v ./test/node/
+
+# The same node for a person: prints the admin kubeconfig's path; the node
+# runs in the background until `make cluster-down`. Then:
+#   export KUBECONFIG=<path>; kubectl apply -f manifests/ (see README).
+cluster-up: node-deps
+	$(GO) build -o bin/steelyard-cluster ./test/node/clusterctl
+	@$(ROOT) env $(NODE_ENV) bash -c 'nohup bin/steelyard-cluster up >/tmp/steelyard-cluster.log 2>&1 & \
+	  for i in $$(seq 300); do \
+	    if [ -s /tmp/steelyard-cluster/kubeconfig ]; then echo "KUBECONFIG=$$(cat /tmp/steelyard-cluster/kubeconfig)"; exit 0; fi; \
+	    if ! kill -0 $$! 2>/dev/null; then tail -n 30 /tmp/steelyard-cluster.log; exit 1; fi; sleep 1; \
+	  done; echo "cluster-up: not Ready after 300 s (log: /tmp/steelyard-cluster.log)"; exit 1'
+
+cluster-down:
+	$(GO) build -o bin/steelyard-cluster ./test/node/clusterctl
+	$(ROOT) bin/steelyard-cluster down
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseWeights -fuzztime 30s ./controller/

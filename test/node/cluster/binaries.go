@@ -29,9 +29,9 @@ const BuildHint = "run `make node` (scripts/node/containerd.sh, scripts/cni-plug
 type Binaries struct {
 	controlplane.Binaries
 	KubeControllerManager, KubeScheduler, Kubelet string
-	Containerd, Ctr, ContainerdShimDir         string
-	Runc                                       string
-	CNIPluginsDir                              string
+	Containerd, Ctr, ContainerdShimDir            string
+	Runc                                          string
+	CNIPluginsDir                                 string
 	// Images are docker-archive tarballs imported into containerd's k8s.io
 	// namespace.
 	Images []string

@@ -600,3 +600,21 @@ func copyFile(src, dst string, mode os.FileMode) error {
 	}
 	return os.WriteFile(dst, b, mode)
 }
+
+// TaskPid returns the host PID of a running container's main process, by
+// the containerID of a Pod's status ("containerd://<id>" or the bare id).
+// Its /proc/<pid>/ns/net is the pod's network namespace.
+func (c *Cluster) TaskPid(ctx context.Context, containerID string) (int, error) {
+	id := strings.TrimPrefix(containerID, "containerd://")
+	out, err := exec.CommandContext(ctx, c.Binaries.Ctr, "--address", c.ContainerdSock, "-n", "k8s.io", "tasks", "ls").Output()
+	if err != nil {
+		return 0, fmt.Errorf("ctr tasks ls: %w", err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 3 && f[0] == id {
+			return strconv.Atoi(f[1])
+		}
+	}
+	return 0, fmt.Errorf("container %s has no running task", id)
+}

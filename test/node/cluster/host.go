@@ -2,9 +2,9 @@ package cluster
 
 import (
 	"bufio"
-	"net"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"sort"

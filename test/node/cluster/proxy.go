@@ -35,7 +35,6 @@ func startConnectProxy(node *sandbox.NS, sock string) (*connectProxy, error) {
 	return p, nil
 }
 
-
 func (p *connectProxy) serve() {
 	defer p.wg.Done()
 	for {

@@ -1,0 +1,427 @@
+//go:build node
+
+package node
+
+import (
+	"fmt"
+	"math"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/steelyard-net/steelyard/test/node/cluster"
+)
+
+// The tests run in this file's order; the last one deletes the
+// steelyard pod.
+
+// netexec is agnhost's HTTP server; /hostname answers the pod's name.
+const netexecContainer = `
+      terminationGracePeriodSeconds: 30
+      containers:
+      - name: netexec
+        image: ` + cluster.AgnhostImage + `
+        imagePullPolicy: IfNotPresent
+        args: ["netexec", "--http-port=8080"]
+        ports: [{containerPort: 8080}]
+        readinessProbe:
+          httpGet: {path: /hostname, port: 8080}
+          periodSeconds: 1
+        # What users run: a pause before SIGTERM, so the endpoint has
+        # left every node's rules before the process stops accepting.
+        lifecycle:
+          preStop:
+            sleep: {seconds: 5}
+`
+
+// webOnce creates the StatefulSet web (web-0, web-1) behind Service web
+// (weights 10/90) and the client pod, once for every test.
+var webOnce sync.Once
+
+func web(t *testing.T) {
+	t.Helper()
+	webOnce.Do(func() {
+		f := filepath.Join(os.TempDir(), fmt.Sprintf("steelyard-node-web-%d.yaml", os.Getpid()))
+		doc := `apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: web, namespace: default}
+spec:
+  replicas: 2
+  podManagementPolicy: Parallel
+  serviceName: web
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:` + netexecContainer + `---
+apiVersion: v1
+kind: Service
+metadata:
+  name: web
+  namespace: default
+  annotations: {steelyard.io/weights: "web-0=10,web-1=90"}
+spec:
+  selector: {app: web}
+  ports: [{name: http, port: 80, targetPort: 8080}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: client, namespace: default, labels: {app: client}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: client
+    image: ` + cluster.AgnhostImage + `
+    imagePullPolicy: IfNotPresent
+    args: ["pause"]
+`
+		if err := os.WriteFile(f, []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		defer os.Remove(f)
+		kubectl(t, "apply", "-f", f)
+	})
+	waitReady(t, "app=web", 2, 2*time.Minute)
+	waitReady(t, "app=client", 1, 2*time.Minute)
+}
+
+func client(t *testing.T) inNS {
+	t.Helper()
+	return podNS(t, waitReady(t, "app=client", 1, time.Minute)[0])
+}
+
+// The DaemonSet from manifests/ runs: Ready through its probes, its
+// install-cni chained steelyard-cni into the node's conflist, and the agent
+// follows its Node's zone.
+func TestDaemonSetInstalled(t *testing.T) {
+	p := steelyardPod(t)
+	ready := false
+	for _, c := range p.Status.Conditions {
+		ready = ready || c.Type == "Ready" && c.Status == "True"
+	}
+	if !ready || len(p.Status.ContainerStatuses) != 1 || p.Status.ContainerStatuses[0].RestartCount != 0 {
+		t.Fatalf("steelyard pod %s: ready %v, statuses %+v", p.Name, ready, p.Status.ContainerStatuses)
+	}
+	if img := p.Status.ContainerStatuses[0].Image; img != cluster.SteelyardImage {
+		t.Errorf("image %s, want %s", img, cluster.SteelyardImage)
+	}
+	conf, err := os.ReadFile(filepath.Join(node.CNIConfDir, cluster.MainConflist))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(conf), `"steelyard-cni"`) {
+		t.Fatalf("conflist not chained:\n%s", conf)
+	}
+	if _, err := os.Stat(filepath.Join(node.CNIBinDir, "steelyard-cni")); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("steelyard pod %s Ready (probes), conflist chained, image %s", p.Name, cluster.SteelyardImage)
+
+	// The Node's zone changes: the agent follows it without a restart.
+	kubectl(t, "label", "node", node.NodeName, "topology.kubernetes.io/zone=zone-b", "--overwrite")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, _ := node.Kubectl(t.Context(), "-n", "steelyard", "logs", p.Name, "-c", "steelyard")
+		if strings.Contains(out, `"zone":"zone-b"`) && strings.Contains(out, node.NodeIP.String()) {
+			t.Logf("agent saw the Node's new zone: %s", lastLineWith(out, "zone-b"))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("agent did not log zone-b within 30 s:\n%s", out)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+func lastLineWith(s, sub string) string {
+	lines := strings.Split(s, "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.Contains(lines[i], sub) {
+			return lines[i]
+		}
+	}
+	return ""
+}
+
+// 10/90 by annotation on a StatefulSet's pods, the EndpointSlice written
+// by kube-controller-manager, new connections from a client pod.
+func TestWeightsFromClientPod(t *testing.T) {
+	web(t)
+	waitVerify(t, 30*time.Second)
+	vip := clusterIP(t, "web")
+	// 8,000 at 10/90: sigma 0.34 points; 1.5 points is 4.5 sigma.
+	const n = 8000
+	t0 := time.Now()
+	r := connections(client(t), vip, n, 8)
+	t.Logf("%d connections to %s from pod client in %v: %v, %d failed %v", n, vip, time.Since(t0).Round(time.Millisecond), r.names, r.fails, r.errors)
+	if r.fails != 0 {
+		t.Errorf("%d connections failed: %v", r.fails, r.errors)
+	}
+	for name, want := range map[string]float64{"web-0": 10, "web-1": 90} {
+		if got := r.share(name); math.Abs(got-want) > 1.5 {
+			t.Errorf("%s: %.2f%%, want %.0f%% +- 1.5", name, got, want)
+		}
+	}
+}
+
+// A pod reaches itself through its VIP (hairpin: steelyard-cni turned on
+// hairpin mode on its bridge port, the agent masquerades the connection).
+func TestHairpin(t *testing.T) {
+	web(t)
+	apply(t, `apiVersion: v1
+kind: Service
+metadata: {name: self, namespace: default}
+spec:
+  selector: {statefulset.kubernetes.io/pod-name: web-0}
+  ports: [{port: 80, targetPort: 8080}]
+`)
+	waitVerify(t, 30*time.Second)
+	pods := waitReady(t, "statefulset.kubernetes.io/pod-name=web-0", 1, time.Minute)
+	vip := clusterIP(t, "self")
+	r := connections(podNS(t, pods[0]), vip, 20, 1)
+	if r.fails != 0 || r.names["web-0"] != 20 {
+		t.Fatalf("web-0 to its own VIP %s: %v, %d failed %v", vip, r.names, r.fails, r.errors)
+	}
+	t.Logf("web-0 -> %s (self) -> web-0: 20/20", vip)
+}
+
+// NodePort with externalTrafficPolicy Local, and its health check node
+// port, from a client namespace outside the node.
+func TestNodePortLocalFromOutside(t *testing.T) {
+	web(t)
+	apply(t, `apiVersion: v1
+kind: Service
+metadata:
+  name: web-local
+  namespace: default
+  annotations: {steelyard.io/weights: "web-0=10,web-1=90"}
+spec:
+  type: LoadBalancer
+  externalTrafficPolicy: Local
+  selector: {app: web}
+  ports: [{port: 80, targetPort: 8080}]
+`)
+	waitVerify(t, 30*time.Second)
+	svc, err := node.Client().CoreV1().Services("default").Get(t.Context(), "web-local", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	np, hc := svc.Spec.Ports[0].NodePort, svc.Spec.HealthCheckNodePort
+	outside, err := node.Sandbox.AddClient(netip.Addr{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := netip.AddrPortFrom(node.NodeIP, uint16(np))
+	r := connections(outside.Do, dst, 2000, 4)
+	t.Logf("2000 connections from %s to node port %s: %v, %d failed", outside.Addr, dst, r.names, r.fails)
+	if r.fails != 0 || r.ok() != 2000 {
+		t.Errorf("%d failed: %v", r.fails, r.errors)
+	}
+	// 2,000 at 10/90: sigma 0.67 points.
+	if got := r.share("web-0"); math.Abs(got-10) > 3 {
+		t.Errorf("web-0 through the node port: %.2f%%, want 10 +- 3", got)
+	}
+	code, body, err := outside.HTTPGet(fmt.Sprintf("http://%s:%d/healthz", node.NodeIP, hc), 5*time.Second)
+	if err != nil || code != 200 || !strings.Contains(body, `"localEndpoints": 2`) && !strings.Contains(body, `"localEndpoints":2`) {
+		t.Fatalf("health check node port %d: %d %q %v", hc, code, body, err)
+	}
+	t.Logf("health check node port %d: %d %s", hc, code, strings.TrimSpace(body))
+}
+
+// `kubectl exec` into the steelyard pod: explain and verify as documented.
+func TestExplainVerifyInPod(t *testing.T) {
+	web(t)
+	waitVerify(t, 30*time.Second)
+	out, err := inSteelyard(t, "steelyard", "explain")
+	if err != nil {
+		t.Fatalf("explain: %v\n%s", err, out)
+	}
+	line := lastLineWith(out, "default/web:http")
+	if !strings.Contains(line, "10.00%") || !strings.Contains(line, "90.00%") {
+		t.Fatalf("explain has no 10/90 line for default/web:\n%s", out)
+	}
+	t.Logf("explain: %s", line)
+	if out, err := inSteelyard(t, "steelyard", "verify"); err != nil {
+		t.Fatalf("verify: %v\n%s", err, out)
+	}
+}
+
+// kubectl scale 5 <-> 7 every 10-12 s for 2 minutes under bounded load
+// from the client pod; pods have a preStop pause. Not one connection may
+// fail, and the kernel ends equal to verify's desired state.
+func TestScaleChurnZeroFailures(t *testing.T) {
+	web(t)
+	apply(t, `apiVersion: apps/v1
+kind: Deployment
+metadata: {name: churn, namespace: default}
+spec:
+  replicas: 5
+  selector: {matchLabels: {app: churn}}
+  template:
+    metadata: {labels: {app: churn}}
+    spec:`+netexecContainer+`---
+apiVersion: v1
+kind: Service
+metadata: {name: churn, namespace: default}
+spec:
+  selector: {app: churn}
+  ports: [{port: 80, targetPort: 8080}]
+`)
+	waitReady(t, "app=churn", 5, 2*time.Minute)
+	waitVerify(t, 30*time.Second)
+	vip := clusterIP(t, "churn")
+	cl := client(t)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var total atomic.Int64
+	r := &tally{}
+	// Bounded: 4 connections at a time, at most 100 a second each.
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(10 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+				}
+				r.add(hostname(cl, vip))
+				total.Add(1)
+			}
+		}()
+	}
+	start := time.Now()
+	replicas, scales := 5, 0
+	for i := 0; time.Since(start) < 2*time.Minute; i++ {
+		time.Sleep(time.Duration(10000+(i%3)*1000) * time.Millisecond)
+		replicas = 12 - replicas // 5 <-> 7
+		kubectl(t, "scale", "deployment/churn", fmt.Sprintf("--replicas=%d", replicas))
+		scales++
+	}
+	close(stop)
+	wg.Wait()
+	names := make([]string, 0, len(r.names))
+	for n := range r.names {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	t.Logf("%d scale events over %v, %d connections to %s, %d failed, %d distinct pods answered", scales, time.Since(start).Round(time.Second), total.Load(), vip, r.fails, len(names))
+	if r.fails != 0 {
+		t.Errorf("%d connections failed: %v", r.fails, r.errors)
+	}
+	if r.ok() < 1000 {
+		t.Errorf("only %d connections succeeded", r.ok())
+	}
+	waitReady(t, "app=churn", replicas, 2*time.Minute)
+	waitVerify(t, 30*time.Second)
+	t.Logf("final: %d replicas, steelyard verify: kernel equals the desired state", replicas)
+}
+
+// steelyardRules is every STEELYARD line of both iptables flavours in the
+// node namespace, counters stripped.
+func steelyardRules(t *testing.T) []string {
+	t.Helper()
+	var lines []string
+	for _, cmd := range []string{"iptables-nft-save", "iptables-legacy-save"} {
+		out, err := node.Sandbox.Node.Exec(cmd)
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(out, "\n") {
+			if !strings.Contains(l, "STEELYARD") {
+				continue
+			}
+			if i := strings.Index(l, " ["); strings.HasPrefix(l, ":") && i > 0 {
+				l = l[:i]
+			}
+			lines = append(lines, cmd+": "+l)
+		}
+	}
+	return lines
+}
+
+// The DaemonSet pod deleted: its controller makes a new one, established
+// connections keep working all along, and the rules are never flushed.
+func TestDaemonSetPodRecreated(t *testing.T) {
+	web(t)
+	waitVerify(t, 30*time.Second)
+	vip := clusterIP(t, "web")
+	cl := client(t)
+	type kept struct {
+		c    interface{ Close() error }
+		name string
+	}
+	var conns []*kept
+	var open []func() (string, error)
+	for range 8 {
+		c, err := dialIn(cl, vip, 3*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name, err := getHostname(c, "keep-alive")
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, &kept{c: c, name: name})
+		open = append(open, func() (string, error) { return getHostname(c, "keep-alive") })
+		defer c.Close()
+	}
+	before := steelyardRules(t)
+	if len(before) == 0 {
+		t.Fatal("no STEELYARD rules in the node namespace")
+	}
+	old := steelyardPod(t)
+	// Watch the rules while the pod goes and comes back.
+	stop := make(chan struct{})
+	var minRules atomic.Int64
+	minRules.Store(int64(len(before)))
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			if n := int64(len(steelyardRules(t))); n < minRules.Load() {
+				minRules.Store(n)
+			}
+		}
+	}()
+	kubectl(t, "-n", "steelyard", "delete", "pod", old.Name, "--wait=true")
+	kubectl(t, "-n", "steelyard", "rollout", "status", "ds/steelyard", "--timeout=2m")
+	waitVerify(t, 30*time.Second)
+	close(stop)
+	wg.Wait()
+	newPod := steelyardPod(t)
+	if newPod.Name == old.Name {
+		t.Fatalf("pod %s was not replaced", old.Name)
+	}
+	for i, k := range conns {
+		name, err := open[i]()
+		if err != nil || name != k.name {
+			t.Errorf("established connection %d (to %s): after the agent's restart %q, %v", i, k.name, name, err)
+		}
+	}
+	if m := minRules.Load(); m < int64(len(before)) {
+		t.Errorf("STEELYARD rules dropped from %d to %d lines while the pod was replaced", len(before), m)
+	}
+	after := steelyardRules(t)
+	if strings.Join(before, "\n") != strings.Join(after, "\n") {
+		t.Logf("rules changed across the restart (%d -> %d lines)", len(before), len(after))
+	}
+	t.Logf("pod %s replaced by %s; %d established connections kept answering; STEELYARD rules never fewer than %d lines", old.Name, newPod.Name, len(conns), len(before))
+}
+
