@@ -7,8 +7,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/steelyard-net/steelyard/dataplane"
 )
 
 func testNode(name, zone string, addrs ...corev1.NodeAddress) *corev1.Node {
@@ -95,5 +98,56 @@ func TestWatchNodeFollowsOwnNode(t *testing.T) {
 	}
 	if f, ok := w.Facts(); !ok || f.Zone != "z2" || f.Addrs[0] != netip.MustParseAddr("198.19.0.3") {
 		t.Fatalf("Facts() = %+v, %v", f, ok)
+	}
+}
+
+// recordingDataplane keeps the last State it was given.
+type recordingDataplane struct {
+	failingDataplane
+	last dataplane.State
+}
+
+func (d *recordingDataplane) Sync(s dataplane.State, full bool) error {
+	d.last = s
+	return d.failingDataplane.Sync(s, full)
+}
+
+// A zone change reported through Agent.Zone (the NodeWatcher's) reaches the
+// next sync's topology: the hinted endpoint of the new zone is in zone, the
+// other is not.
+func TestAgentZoneFollowsNode(t *testing.T) {
+	hinted := func(ip, pod, zone string) discoveryv1.Endpoint {
+		ep := ready(ip, pod)
+		ep.Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: zone}}}
+		return ep
+	}
+	src := &staticSource{
+		svcs:   []*corev1.Service{makeService("demo", "web", nil)},
+		slices: []*discoveryv1.EndpointSlice{makeSlice("demo", "web", "web-1", []discoveryv1.Endpoint{hinted("198.19.1.1", "a1", "zone-a"), hinted("198.19.1.2", "b1", "zone-b")}, nil)},
+	}
+	d := &recordingDataplane{}
+	zone := "zone-a"
+	a := &Agent{Source: src, Builder: NewBuilder(), Dataplane: d, Zone: func() string { return zone }}
+	inZone := func() []string {
+		t.Helper()
+		if err := a.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, sp := range d.last.Services {
+			for _, b := range sp.Backends {
+				if !b.OutOfZone {
+					names = append(names, b.Name)
+				}
+			}
+		}
+		return names
+	}
+	if got := inZone(); len(got) != 1 || got[0] != "a1" {
+		t.Fatalf("zone-a: in-zone backends %v, want [a1]", got)
+	}
+	zone = "zone-b"
+	if got := inZone(); len(got) != 1 || got[0] != "b1" {
+		t.Fatalf("zone-b: in-zone backends %v, want [b1]", got)
 	}
 }

@@ -176,6 +176,128 @@ func TestWeightsFromClientPod(t *testing.T) {
 	}
 }
 
+// A split Service over the StatefulSet's Service (itself 10/90) and a
+// one-pod canary Deployment: 90/10 between them, web's own weights inside.
+func TestSplitService(t *testing.T) {
+	web(t)
+	apply(t, `apiVersion: apps/v1
+kind: Deployment
+metadata: {name: canary, namespace: default}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: canary}}
+  template:
+    metadata: {labels: {app: canary}}
+    spec:`+netexecContainer+`---
+apiVersion: v1
+kind: Service
+metadata: {name: canary, namespace: default}
+spec:
+  selector: {app: canary}
+  ports: [{name: http, port: 80, targetPort: 8080}]
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: front
+  namespace: default
+  annotations: {steelyard.io/split: "web=90,canary=10"}
+spec:
+  ports: [{name: http, port: 80, targetPort: 8080}]
+`)
+	pods := waitReady(t, "app=canary", 1, 2*time.Minute)
+	waitVerify(t, 30*time.Second)
+	vip := clusterIP(t, "front")
+	r := connections(client(t), vip, 6000, 8)
+	t.Logf("6000 connections to split Service front %s: %v, %d failed", vip, r.names, r.fails)
+	if r.fails != 0 {
+		t.Errorf("%d failed: %v", r.fails, r.errors)
+	}
+	// 6,000 draws: sigma at most 0.65 points; 2.5 points is 3.8 sigma.
+	for name, want := range map[string]float64{"web-0": 9, "web-1": 81, pods[0].Name: 10} {
+		if got := r.share(name); math.Abs(got-want) > 2.5 {
+			t.Errorf("%s: %.2f%%, want %.0f%% +- 2.5", name, got, want)
+		}
+	}
+}
+
+// The slice-level weight on the EndpointSlice kube-controller-manager
+// writes for a Deployment, beside a hand-made slice of the same Service
+// (weight 1): 4:4:1. Then the Deployment scales and the controller
+// rewrites its slice: does the annotation survive?
+func TestSliceWeightOnControllerSlice(t *testing.T) {
+	web(t)
+	apply(t, `apiVersion: apps/v1
+kind: Deployment
+metadata: {name: heavy, namespace: default}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: heavy}}
+  template:
+    metadata: {labels: {app: heavy}}
+    spec:`+netexecContainer+`---
+apiVersion: v1
+kind: Service
+metadata: {name: heavy, namespace: default}
+spec:
+  selector: {app: heavy}
+  ports: [{name: http, port: 80, targetPort: 8080}]
+`)
+	heavy := waitReady(t, "app=heavy", 2, 2*time.Minute)
+	web0 := waitReady(t, "statefulset.kubernetes.io/pod-name=web-0", 1, time.Minute)[0]
+	apply(t, `apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: heavy-extra
+  namespace: default
+  labels: {kubernetes.io/service-name: heavy, endpointslice.kubernetes.io/managed-by: steelyard-test}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: ["`+web0.Status.PodIP+`"]
+  conditions: {ready: true}
+  targetRef: {kind: Pod, namespace: default, name: web-0}
+`)
+	annotate := func() {
+		t.Helper()
+		slices, err := node.Client().DiscoveryV1().EndpointSlices("default").List(t.Context(), metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=heavy,endpointslice.kubernetes.io/managed-by=endpointslice-controller.k8s.io"})
+		if err != nil || len(slices.Items) != 1 {
+			t.Fatalf("controller slices of heavy: %v, %v", slices, err)
+		}
+		kubectl(t, "annotate", "endpointslice", slices.Items[0].Name, "steelyard.io/weight=4", "--overwrite")
+	}
+	annotate()
+	waitVerify(t, 30*time.Second)
+	vip := clusterIP(t, "heavy")
+	measure := func(want map[string]float64) {
+		t.Helper()
+		r := connections(client(t), vip, 6000, 8)
+		t.Logf("6000 connections to %s: %v, %d failed", vip, r.names, r.fails)
+		for name, w := range want {
+			if got := r.share(name); math.Abs(got-w) > 2.5 {
+				t.Errorf("%s: %.2f%%, want %.1f%% +- 2.5", name, got, w)
+			}
+		}
+	}
+	measure(map[string]float64{heavy[0].Name: 400.0 / 9, heavy[1].Name: 400.0 / 9, "web-0": 100.0 / 9})
+
+	kubectl(t, "scale", "deployment/heavy", "--replicas=3")
+	heavy = waitReady(t, "app=heavy", 3, 2*time.Minute)
+	time.Sleep(2 * time.Second)
+	waitVerify(t, 30*time.Second)
+	slices, err := node.Client().DiscoveryV1().EndpointSlices("default").List(t.Context(), metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=heavy,endpointslice.kubernetes.io/managed-by=endpointslice-controller.k8s.io"})
+	if err != nil || len(slices.Items) != 1 {
+		t.Fatalf("controller slices of heavy: %v, %v", slices, err)
+	}
+	kept := slices.Items[0].Annotations["steelyard.io/weight"]
+	t.Logf("after the controller rewrote its slice (3 endpoints): steelyard.io/weight=%q", kept)
+	if kept == "4" {
+		measure(map[string]float64{heavy[0].Name: 400.0 / 13, heavy[1].Name: 400.0 / 13, heavy[2].Name: 400.0 / 13, "web-0": 100.0 / 13})
+	} else {
+		t.Errorf("kube-controller-manager dropped the slice's steelyard.io/weight annotation when it rewrote the slice")
+	}
+}
+
 // A pod reaches itself through its VIP (hairpin: steelyard-cni turned on
 // hairpin mode on its bridge port, the agent masquerades the connection).
 func TestHairpin(t *testing.T) {
