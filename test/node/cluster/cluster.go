@@ -72,6 +72,9 @@ type Cluster struct {
 	stopped    bool
 }
 
+// madeDirsFile, in Dir, lists the mount points Start created on the host.
+const madeDirsFile = "made-dirs"
+
 // ownerPrefix starts the names of this package's directories and cgroups,
 // followed by the owner's PID.
 const ownerPrefix = "steelyard-node-"
@@ -298,6 +301,10 @@ func (c *Cluster) prepareNode() error {
 			}
 			c.madeEtcCNI = append(c.madeEtcCNI, d)
 		}
+	}
+	// So that the orphan clean-up of a killed owner knows them too.
+	if err := os.WriteFile(filepath.Join(c.Dir, madeDirsFile), []byte(strings.Join(c.madeEtcCNI, "\n")), 0o644); err != nil {
+		return err
 	}
 	// A persistent private mount namespace: bind-mount a directory onto
 	// itself, make it private (a namespace file cannot sit on a shared
@@ -579,6 +586,12 @@ func removeOrphans(logf func(string, ...any)) {
 		if dead(filepath.Base(d)) {
 			logf("cluster: removing orphan %s", d)
 			_ = unmountUnder(d)
+			if made, err := os.ReadFile(filepath.Join(d, madeDirsFile)); err == nil {
+				dirs := strings.Fields(string(made))
+				for i := len(dirs) - 1; i >= 0; i-- {
+					_ = syscall.Rmdir(dirs[i]) // only if still empty
+				}
+			}
 			_ = os.RemoveAll(d)
 		}
 	}
