@@ -119,7 +119,7 @@ node: node-deps
 #   export KUBECONFIG=<path>; kubectl apply -f manifests/ (see README).
 cluster-up: node-deps
 	$(GO) build -o bin/steelyard-cluster ./test/node/clusterctl
-	@rm -f /tmp/steelyard-cluster/kubeconfig
+	@$(ROOT) rm -f /tmp/steelyard-cluster/kubeconfig
 	@$(ROOT) env $(NODE_ENV) bash -c 'nohup bin/steelyard-cluster up >/tmp/steelyard-cluster.log 2>&1 & \
 	  for i in $$(seq 300); do \
 	    if [ -s /tmp/steelyard-cluster/kubeconfig ]; then echo "KUBECONFIG=$$(cat /tmp/steelyard-cluster/kubeconfig)"; exit 0; fi; \
