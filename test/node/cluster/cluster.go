@@ -72,6 +72,9 @@ type Cluster struct {
 	stopped    bool
 }
 
+// tunablesFile, in Dir, holds the host tunables as recorded before kubelet.
+const tunablesFile = "host-tunables"
+
 // madeDirsFile, in Dir, lists the mount points Start created on the host.
 const madeDirsFile = "made-dirs"
 
@@ -273,6 +276,15 @@ func (c *Cluster) startControllers() error {
 func (c *Cluster) prepareNode() error {
 	var err error
 	if c.tunables, err = recordTunables(); err != nil {
+		return err
+	}
+	// Kept on disk too: if this process is killed, the next Start puts
+	// them back (removeOrphans) before it records its own.
+	var lines []string
+	for k, v := range c.tunables {
+		lines = append(lines, k+"="+v)
+	}
+	if err := os.WriteFile(filepath.Join(c.Dir, tunablesFile), []byte(strings.Join(lines, "\n")), 0o644); err != nil {
 		return err
 	}
 	if err := makeCgroup(c.cgroup + "/runtime"); err != nil {
@@ -568,7 +580,7 @@ func (c *Cluster) Stop() error {
 func removeOrphans(logf func(string, ...any)) {
 	dead := func(name string) bool {
 		pid, err := strconv.Atoi(strings.SplitN(strings.TrimPrefix(name, ownerPrefix), "-", 2)[0])
-		return err == nil && pid > 0 && errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
+		return err == nil && pid > 0 && pid != os.Getpid() && !alive(pid)
 	}
 	if hs, err := cgroupHierarchies(); err == nil {
 		for _, h := range hs {
@@ -586,6 +598,17 @@ func removeOrphans(logf func(string, ...any)) {
 		if dead(filepath.Base(d)) {
 			logf("cluster: removing orphan %s", d)
 			_ = unmountUnder(d)
+			if b, err := os.ReadFile(filepath.Join(d, tunablesFile)); err == nil {
+				vals := map[string]string{}
+				for _, l := range strings.Split(string(b), "\n") {
+					if k, v, ok := strings.Cut(l, "="); ok {
+						vals[k] = v
+					}
+				}
+				if restored, _ := restoreTunables(vals); len(restored) > 0 {
+					logf("cluster: restored host tunables of a killed owner: %s", strings.Join(restored, ", "))
+				}
+			}
 			if made, err := os.ReadFile(filepath.Join(d, madeDirsFile)); err == nil {
 				dirs := strings.Fields(string(made))
 				for i := len(dirs) - 1; i >= 0; i-- {
@@ -596,6 +619,23 @@ func removeOrphans(logf func(string, ...any)) {
 		}
 	}
 	_ = sandbox.RemoveLeftovers("syn", logf)
+}
+
+// alive reports whether pid runs. A zombie does not: a killed owner stays
+// one until its parent (here often an init that reaps slowly) waits for it.
+func alive(pid int) bool {
+	if errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// pid (comm) state ...: comm may hold spaces, the state follows the last ')'.
+	if i := strings.LastIndexByte(string(b), ')'); i > 0 && i+2 < len(b) {
+		return b[i+2] != 'Z'
+	}
+	return true
 }
 
 func run(argv ...string) error {
