@@ -316,7 +316,18 @@ spec:
 	if r.fails != 0 || r.names["web-0"] != 20 {
 		t.Fatalf("web-0 to its own VIP %s: %v, %d failed %v", vip, r.names, r.fails, r.errors)
 	}
-	t.Logf("web-0 -> %s (self) -> web-0: 20/20", vip)
+	// Every pod's bridge port (all created after install-cni chained the
+	// plugin) has hairpin mode on.
+	out, err := node.Sandbox.Node.Exec("sh", "-c", "for p in /sys/class/net/"+cluster.BridgeName+"/brif/*; do echo ${p##*/} $(cat $p/hairpin_mode); done")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if !strings.HasSuffix(l, " 1") {
+			t.Errorf("bridge port without hairpin mode: %q", l)
+		}
+	}
+	t.Logf("web-0 -> %s (self) -> web-0: 20/20; hairpin on every bridge port: %s", vip, strings.ReplaceAll(strings.TrimSpace(out), "\n", ", "))
 }
 
 // NodePort with externalTrafficPolicy Local, and its health check node
