@@ -1,5 +1,10 @@
 # steelyard node agent image: multi-stage, a slim Debian runtime with the
 # kernel tools the dataplanes and operators use.
+#
+# Without a registry (the real-node suite, `make node`), scripts/node/images.sh
+# builds the same runtime stage from Debian packages (debootstrap) and the
+# same binaries; README "Try it on a real node" lists the differences. Keep
+# the package list below and scripts/node/rootfs.sh's in step.
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./

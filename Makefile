@@ -21,6 +21,7 @@ endif
 .PHONY: ipvs
 .PHONY: gateway
 .PHONY: docs-check
+.PHONY: node node-deps cluster-up cluster-down
 
 all: build
 
@@ -40,7 +41,7 @@ demo: deps build
 # Every suite: vet, unit tests (no root), kernel tests (root, in namespaces),
 # and the tests against a real kube-apiserver and etcd (built from source
 # once, about 11 minutes, then cached under ~/.cache/steelyard).
-test: deps build vet unit e2e k8s cni ingress ipvs gateway docs-check
+test: deps build vet unit e2e k8s cni ingress ipvs gateway node docs-check
 
 vet:
 	$(GO) vet ./...
@@ -50,6 +51,7 @@ vet:
 	$(GO) vet -tags cni ./test/...
 	$(GO) vet -tags ingress ./test/...
 	$(GO) vet -tags gateway ./test/...
+	$(GO) vet -tags node ./test/...
 
 # kube-apiserver, kubectl, kube-proxy (v1.37.2) and etcd (v3.7.3), built
 # through the Go module proxy and cached by version.
@@ -108,6 +110,36 @@ bench-k8s: deps build control-plane
 # for VIP upstreams (steelyard) and pod upstreams (reload per change).
 bench-ingress: deps build control-plane
 	$(ROOT) env RATE="$(RATE)" DURATION="$(DURATION)" PERIOD="$(PERIOD)" MODES="$(MODES)" scripts/bench-ingress.sh
+
+# A real node: kubelet, containerd v2.3 (built from the Go module proxy,
+# with Debian's runc), kube-controller-manager and kube-scheduler v1.37.2,
+# in network namespaces, cgroups and a mount namespace of its own;
+# steelyard installed from manifests/ with kubectl; real pods (agnhost).
+# Images are built here without a registry (scripts/node/images.sh) and
+# everything is cached under ~/.cache/steelyard.
+NODE_ENV = STEELYARD_CONTAINERD_DIR=$$(scripts/node/containerd.sh) CNI_PLUGINS_DIR=$$(scripts/cni-plugins.sh) STEELYARD_IMAGES_DIR=$$(scripts/node/images.sh)
+
+node-deps: deps control-plane
+	$(ROOT) scripts/install-deps.sh --node
+
+node: node-deps
+	$(ROOT) env $(NODE_ENV) $(GO) test -tags node -count=1 -timeout 30m -v ./test/node/
+
+# The same node for a person: prints the admin kubeconfig's path; the node
+# runs in the background until `make cluster-down`. Then:
+#   export KUBECONFIG=<path>; kubectl apply -f manifests/ (see README).
+cluster-up: node-deps
+	$(GO) build -o bin/steelyard-cluster ./test/node/clusterctl
+	@$(ROOT) rm -f /tmp/steelyard-cluster/kubeconfig
+	@$(ROOT) env $(NODE_ENV) bash -c 'nohup bin/steelyard-cluster up >/tmp/steelyard-cluster.log 2>&1 & \
+	  for i in $$(seq 300); do \
+	    if [ -s /tmp/steelyard-cluster/kubeconfig ]; then echo "KUBECONFIG=$$(cat /tmp/steelyard-cluster/kubeconfig)"; exit 0; fi; \
+	    if ! kill -0 $$! 2>/dev/null; then tail -n 30 /tmp/steelyard-cluster.log; exit 1; fi; sleep 1; \
+	  done; echo "cluster-up: not Ready after 300 s (log: /tmp/steelyard-cluster.log)"; exit 1'
+
+cluster-down:
+	$(GO) build -o bin/steelyard-cluster ./test/node/clusterctl
+	$(ROOT) bin/steelyard-cluster down
 
 # Every fuzz target for FUZZTIME each (plain go test runs their seed
 # corpora: the f.Add seeds and testdata/fuzz/, where crashers are kept).

@@ -3,6 +3,7 @@ package controller
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -48,6 +49,9 @@ type Agent struct {
 	// Metrics and Health, when set, are updated after each sync.
 	Metrics *Metrics
 	Health  *Health
+	// Zone, when set, is read into Builder.Zone at the start of each sync:
+	// the node's zone as its Node object says now (NodeWatcher).
+	Zone func() string
 	// Conntrack, when set, deletes the UDP conntrack entries that a sync
 	// leaves pointing at endpoints that left (see StaleFlows); nil: off.
 	Conntrack ConntrackCleaner
@@ -74,7 +78,14 @@ type Agent struct {
 	// lastRouted are the Services whose ports routes made at the last
 	// successful sync (so a partial sync also removes a route's ports).
 	lastRouted map[dataplane.ServiceName]bool
+	// nodeChanged is set by NodeChanged (from the Node watch's goroutine).
+	nodeChanged atomic.Bool
 }
+
+// NodeChanged tells the agent that the node's addresses or zone changed, so
+// the next sync looks at every Service port (node ports and topology
+// depend on them, not only on the Services the tracker saw change).
+func (a *Agent) NodeChanged() { a.nodeChanged.Store(true) }
 
 // RouteSource gives the routes of one sync from the Services it reads
 // (controller/gateway implements it).
@@ -99,6 +110,15 @@ func (a *Agent) Sync() error {
 		changed = len(drained.Services)
 		drained.Triggers = append(drained.Triggers, a.retryTriggers...)
 		a.retryTriggers = nil
+	}
+	// A new zone or node address can change every Service's ports, which
+	// the Service tracker does not see: that sync compares every port.
+	nodeChanged := a.nodeChanged.Swap(false)
+	if a.Zone != nil {
+		if z := a.Zone(); z != a.Builder.Zone {
+			a.Builder.Zone = z
+			nodeChanged = true
+		}
 	}
 	svcs, slices, errs := a.Source.Load()
 	if a.Events != nil {
@@ -141,6 +161,9 @@ func (a *Agent) Sync() error {
 		}
 		for n := range a.lastRouted {
 			req.Changed[n] = true
+		}
+		if nodeChanged {
+			req.Changed = nil // unknown: every port may differ
 		}
 	}
 	res, err := a.Dataplane.Sync(state, req)

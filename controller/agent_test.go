@@ -395,3 +395,34 @@ func TestAgentChangedSetHasRoutePorts(t *testing.T) {
 		}
 	}
 }
+
+// A new zone (or NodeChanged, from the Node watch) reaches every Service's
+// ports: that partial sync's changed set is unknown (nil), the next one's
+// is the tracker's again.
+func TestAgentNodeChangeLooksAtEveryPort(t *testing.T) {
+	tr := NewChangeTracker()
+	d := &resultDataplane{}
+	zone := "zone-a"
+	a := &Agent{Source: &staticSource{}, Tracker: tr, Builder: NewBuilder(), Dataplane: d, Zone: func() string { return zone },
+		FullSyncPeriod: time.Hour, Clock: clocktesting.NewFakeClock(time.Unix(1000, 0))}
+	for _, step := range []struct {
+		do      func()
+		unknown bool
+	}{
+		{func() {}, false}, // first sync: full
+		{func() { zone = "zone-b" }, true},
+		{func() {}, false},
+		{a.NodeChanged, true},
+		{func() {}, false},
+	} {
+		step.do()
+		if err := a.Sync(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, unknown := range []bool{true, false, true, false} {
+		if req := d.reqs[i+1]; req.Full || (req.Changed == nil) != unknown {
+			t.Errorf("sync %d: request %+v, want partial with the changed set unknown=%v", i+1, req, unknown)
+		}
+	}
+}

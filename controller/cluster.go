@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -455,25 +454,12 @@ func ListCluster(ctx context.Context, client kubernetes.Interface, opts ClusterO
 
 // NodeInfo reads this node's zone (the topology.kubernetes.io/zone label)
 // and its primary addresses (InternalIP, else ExternalIP, one per family)
-// with one get: the agent needs nothing else from the Node, so RBAC grants
-// only get on nodes, not list or watch. A zone change needs an agent
-// restart, as with kube-proxy's topology (which reads it at start too).
+// with one get, at start; WatchNode then follows changes.
 func NodeInfo(ctx context.Context, client kubernetes.Interface, name string) (zone string, addrs []netip.Addr, err error) {
 	node, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return "", nil, fmt.Errorf("get Node %q: %w", name, err)
 	}
-	zone = node.Labels[corev1.LabelTopologyZone]
-	for _, typ := range []corev1.NodeAddressType{corev1.NodeInternalIP, corev1.NodeExternalIP} {
-		for _, a := range node.Status.Addresses {
-			ip, err := netip.ParseAddr(a.Address)
-			if a.Type != typ || err != nil {
-				continue
-			}
-			if !slices.ContainsFunc(addrs, func(x netip.Addr) bool { return x.Is4() == ip.Is4() }) {
-				addrs = append(addrs, ip)
-			}
-		}
-	}
-	return zone, addrs, nil
+	f := nodeFacts(node)
+	return f.Zone, f.Addrs, nil
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build (once) and cache the reference CNI plugins the CNI test suite chains
-# steelyard-cni after: bridge and host-local from
+# steelyard-cni after (and the real node runs): bridge, loopback, host-local and portmap from
 # github.com/containernetworking/plugins, built from source through the Go
 # module proxy (`go install module/path@version`; no prebuilt downloads).
 #
@@ -16,7 +16,7 @@ version=${CNI_PLUGINS_VERSION:-v1.10.0}
 cache=${STEELYARD_CACHE:-$HOME/.cache/steelyard}
 dir=$cache/cni-plugins-$version
 go=${GO:-go}
-plugins=(main/bridge ipam/host-local)
+plugins=(main/bridge main/loopback ipam/host-local meta/portmap)
 
 force=false
 for arg in "$@"; do

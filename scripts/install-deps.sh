@@ -14,6 +14,15 @@ command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || need+=(nftables)
 # nginx for the L7 Ingress layer (steelyard runs it as its own child, never as a service).
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
+# `--node`: also what the real node (make node, cluster-up) needs: runc for
+# containerd, debootstrap for the steelyard image's root filesystem, and
+# util-linux's nsenter/unshare.
+if [ "${1:-}" = --node ]; then
+	shift
+	command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || need+=(runc)
+	command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
+	command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
+fi
 # `--packages P...`: install exactly P... (if any) with the apt logic below,
 # instead of the list above; scripts/vm/install-deps.sh passes its own list.
 if [ "${1:-}" = --packages ]; then

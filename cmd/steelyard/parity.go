@@ -58,7 +58,10 @@ func (f *nodeFlags) builder(ctx context.Context, d *dataplane.DualStack, kubecon
 // Builder's node facts and IP families, the node port addresses (into
 // addrs, which d reads at each Sync), IPv6 forwarding, and the
 // healthCheckNodePort servers, whose wrapper becomes agent.Dataplane.
-func (f *nodeFlags) setupParity(ctx context.Context, agent *controller.Agent, d *dataplane.DualStack, addrs *nodeAddressSource, kubeconfig, manifests, nodeName string) error {
+//
+// In cluster mode it then follows the Node (controller.WatchNode): a new
+// zone or primary address reaches the next sync, which trigger requests.
+func (f *nodeFlags) setupParity(ctx context.Context, agent *controller.Agent, d *dataplane.DualStack, addrs *nodeAddressSource, kubeconfig, manifests, nodeName string, trigger func()) error {
 	var cidrs []netip.Prefix
 	for _, c := range f.nodePortAddresses {
 		if c == "" {
@@ -72,7 +75,28 @@ func (f *nodeFlags) setupParity(ctx context.Context, agent *controller.Agent, d 
 	}
 	b, primary := f.builder(ctx, d, kubeconfig, manifests, nodeName)
 	agent.Builder.NodeName, agent.Builder.Zone = b.NodeName, b.Zone
-	addrs.set(func() []netip.Addr { return nodePortAddresses(cidrs, primary) })
+	var nodeWatch *controller.NodeWatcher
+	if manifests == "" {
+		if client, err := newClient(kubeconfig); err == nil {
+			nodeWatch = controller.WatchNode(ctx, client, nodeName, func(controller.NodeFacts) { agent.NodeChanged(); trigger() })
+			if f.zone == "" { // the flag, when given, wins over the label
+				agent.Zone = func() string {
+					if nf, ok := nodeWatch.Facts(); ok {
+						return nf.Zone
+					}
+					return b.Zone
+				}
+			}
+		}
+	}
+	addrs.set(func() []netip.Addr {
+		if nodeWatch != nil {
+			if nf, ok := nodeWatch.Facts(); ok {
+				return nodePortAddresses(cidrs, nf.Addrs)
+			}
+		}
+		return nodePortAddresses(cidrs, primary)
+	})
 	if d.IPv6() {
 		agent.Builder.EnableIPv6()
 		if err := setIPv6Forwarding(); err != nil {

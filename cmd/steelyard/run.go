@@ -112,11 +112,11 @@ func newRunCommand() *cobra.Command {
 			if err := serve(ctx, "healthz", healthzAddr, "/", health.Handler()); err != nil {
 				return err
 			}
-			if err := node.setupParity(ctx, agent, d, addrs, kubeconfig, manifests, nodeName); err != nil {
-				return err
-			}
 			r := runner.New(agent.Sync, minSyncPeriod, syncPeriod, 0, nil)
 			agent.Requeue = r.Trigger // a dataplane's RequeueAfter (IPVS draining)
+			if err := node.setupParity(ctx, agent, d, addrs, kubeconfig, manifests, nodeName, r.Trigger); err != nil {
+				return err
+			}
 
 			fields := logrus.Fields{"mode": dp.mode, "version": version, "node": nodeName}
 			if manifests != "" {

@@ -149,7 +149,7 @@ func TestWiringEveryMode(t *testing.T) {
 			var node nodeFlags
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			if err := node.setupParity(ctx, agent, d, &nodeAddressSource{}, "", t.TempDir(), "node-a"); err != nil {
+			if err := node.setupParity(ctx, agent, d, &nodeAddressSource{}, "", t.TempDir(), "node-a", func() {}); err != nil {
 				t.Fatal(err)
 			}
 			sync := func() {

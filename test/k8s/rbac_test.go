@@ -115,7 +115,9 @@ func TestRBAC(t *testing.T) {
 	_, denied["list secrets (all namespaces)"] = sa.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})
 	_, denied["get secret in steelyard"] = sa.CoreV1().Secrets("steelyard").Get(ctx, "x", metav1.GetOptions{})
 	_, denied["list pods"] = sa.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
-	_, denied["list nodes"] = sa.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	// Nodes are read-only to it (get/list/watch, for its own Node's watch).
+	denied["delete node"] = sa.CoreV1().Nodes().Delete(ctx, "no-such-node", metav1.DeleteOptions{})
+	_, denied["create node"] = sa.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "intruder"}}, metav1.CreateOptions{})
 	_, denied["list configmaps"] = sa.CoreV1().ConfigMaps("").List(ctx, metav1.ListOptions{})
 	_, denied["create service"] = sa.CoreV1().Services(testNS).Create(ctx, newService("intruder", "198.18.0.79", nil, nil), metav1.CreateOptions{})
 	svc, err := e.admin.CoreV1().Services(testNS).Get(ctx, "rbac-web", metav1.GetOptions{})
@@ -151,8 +153,9 @@ func TestRBAC(t *testing.T) {
 		"/services:get": true, "/services:list": true, "/services:watch": true,
 		"discovery.k8s.io/endpointslices:get": true, "discovery.k8s.io/endpointslices:list": true, "discovery.k8s.io/endpointslices:watch": true,
 		"/events:create": true, "/events:patch": true,
-		// Its own Node, read once at start (zone, primary addresses).
-		"/nodes:get": true,
+		// Its own Node, followed by a watch filtered by name (zone,
+		// primary addresses); RBAC cannot filter by field selector.
+		"/nodes:get": true, "/nodes:list": true, "/nodes:watch": true,
 	}
 	for _, ns := range []string{testNS, "steelyard", "kube-system"} {
 		baseline := rules(t, control, ns)

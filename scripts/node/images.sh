@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Build (or reuse) the container images the real node runs, without a
+# registry, as docker-archive tarballs for `ctr -n k8s.io images import`:
+#
+#   registry.k8s.io/pause:3.10.2                  the pod sandbox (kubelet 1.37's
+#                                                 default; scripts/node/images/pause)
+#   registry.k8s.io/e2e-test-images/agnhost:2.66.1 built from
+#                                                 k8s.io/kubernetes/test/images/agnhost
+#                                                 at v1.37.2 (the version its e2e
+#                                                 tests list in test/utils/image)
+#   ghcr.io/steelyard-net/steelyard:latest        the Dockerfile's runtime: the
+#                                                 debootstrap rootfs of
+#                                                 scripts/node/rootfs.sh plus both
+#                                                 binaries built from this tree
+#
+#   scripts/node/images.sh    build what is missing, print the images dir
+#
+# Each tarball is cached under $STEELYARD_CACHE/images (default
+# $HOME/.cache/steelyard) with a key in its name: the version for agnhost,
+# a hash of the sources (or of the binaries and rootfs) for the others.
+# Progress goes to stderr; stdout carries only the folder.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+cache=${STEELYARD_CACHE:-$HOME/.cache/steelyard}
+dir=$cache/images
+go=${GO:-go}
+pause_version=3.10.2
+agnhost_version=2.66.1 # k8s.io/kubernetes v1.37.2 test/utils/image/manifest.go
+k8s_version=v1.37.2
+steelyard_ref=${STEELYARD_IMAGE:-ghcr.io/steelyard-net/steelyard:latest}
+mkdir -p "$dir"
+tmp=$(mktemp -d "$dir/.build.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+# The image assembler (go-containerregistry), its own module.
+(cd "$here/images" && CGO_ENABLED=0 "$go" build -trimpath -o "$tmp/imagebuild" .)
+
+hash() { cat "$@" | sha256sum | cut -c1-12; }
+
+# pause: keyed by its source and the Go version.
+key=$( (cat "$here/images/pause/main.go"; "$go" version) | sha256sum | cut -c1-12)
+pause=$dir/pause-$pause_version-$key.tar
+if [[ ! -s $pause ]]; then
+	t0=$(date +%s)
+	(cd "$here/images" && CGO_ENABLED=0 "$go" build -trimpath -ldflags "-s -w" -o "$tmp/pause" ./pause)
+	"$tmp/imagebuild" --name "registry.k8s.io/pause:$pause_version" --out "$pause" \
+		--file "$tmp/pause:/pause:0755" --entrypoint /pause
+	echo "images: pause built in $(($(date +%s) - t0)) s" >&2
+fi
+
+# agnhost: keyed by its version (it comes from k8s.io/kubernetes $k8s_version).
+agnhost=$dir/agnhost-$agnhost_version.tar
+if [[ ! -s $agnhost ]]; then
+	t0=$(date +%s)
+	(cd "$here/agnhost" && CGO_ENABLED=0 "$go" build -trimpath -ldflags "-s -w" -o "$tmp/agnhost" k8s.io/kubernetes/test/images/agnhost)
+	"$tmp/agnhost" --help >/dev/null
+	"$tmp/imagebuild" --name "registry.k8s.io/e2e-test-images/agnhost:$agnhost_version" --out "$agnhost" \
+		--file "$tmp/agnhost:/agnhost:0755" --entrypoint /agnhost
+	echo "images: agnhost $agnhost_version (k8s.io/kubernetes $k8s_version) built in $(($(date +%s) - t0)) s" >&2
+fi
+
+# steelyard: the rootfs (cached by its own key) and the binaries of this
+# tree, built as the Dockerfile builds them; keyed by all three.
+t0=$(date +%s)
+rootfs=$("$here/rootfs.sh")
+version=$(git -C "$repo" describe --always --dirty 2>/dev/null || echo dev)
+(cd "$repo" && CGO_ENABLED=0 "$go" build -trimpath -ldflags "-s -w -X main.version=$version" -o "$tmp/steelyard" ./cmd/steelyard)
+(cd "$repo" && CGO_ENABLED=0 "$go" build -trimpath -ldflags "-s -w -X main.buildVersion=$version" -o "$tmp/steelyard-cni" ./cmd/steelyard-cni)
+key=$( (basename "$rootfs"; echo "$steelyard_ref"; cat "$tmp/steelyard" "$tmp/steelyard-cni") | sha256sum | cut -c1-12)
+steelyard=$dir/steelyard-$key.tar
+if [[ ! -s $steelyard ]]; then
+	"$tmp/imagebuild" --name "$steelyard_ref" --out "$steelyard" --layer "$rootfs" \
+		--file "$tmp/steelyard:/usr/local/bin/steelyard:0755" \
+		--file "$tmp/steelyard-cni:/usr/local/bin/steelyard-cni:0755" \
+		--entrypoint /usr/local/bin/steelyard --cmd run
+	# Older steelyard images are garbage: keep the newest few.
+	ls -t "$dir"/steelyard-*.tar 2>/dev/null | tail -n +4 | xargs -r rm -f
+	echo "images: steelyard image built in $(($(date +%s) - t0)) s" >&2
+fi
+# The set the node imports: one file per image, named by role.
+ln -sfn "$(basename "$pause")" "$dir/pause.tar"
+ln -sfn "$(basename "$agnhost")" "$dir/agnhost.tar"
+ln -sfn "$(basename "$steelyard")" "$dir/steelyard.tar"
+echo "$dir"
