@@ -37,7 +37,7 @@ var (
 	reDNAT     = regexp.MustCompile(`dnat (?:ip6? )?to (\S+)`)
 	reNumgen   = regexp.MustCompile(`^numgen random mod (\d+) \. meta l4proto vmap @(\S+)$`)
 	reAffinity = regexp.MustCompile(`^ip6? saddr @(\S+) goto (\S+)$`)
-	reRanges   = regexp.MustCompile(`^ip6? saddr \{ (.*) \} goto (\S+)$`)
+	reRanges   = regexp.MustCompile(`^ip6? saddr (?:\{ (.*) \}|([0-9a-f.:/]+)) goto (\S+)$`)
 	reRange    = regexp.MustCompile(`^(\d+)(?:-(\d+))?$`)
 	reComment  = regexp.MustCompile(`\s+comment\s+"([^"]*)"`)
 	reTimeout  = regexp.MustCompile(`^timeout (\d+)([smhd])`)
@@ -153,10 +153,15 @@ func (s *snapshot) follow(p *Proxier, chain string, v *dataplane.ServiceView) {
 				continue
 			}
 			if m := reRanges.FindStringSubmatch(r); m != nil {
-				for _, x := range strings.Split(m[1], ",") {
-					v.SourceRanges = append(v.SourceRanges, strings.TrimSpace(x))
+				list := m[1] + m[2]
+				for _, x := range strings.Split(list, ",") {
+					x = strings.TrimSpace(x)
+					if a, err := netip.ParseAddr(x); err == nil {
+						x = netip.PrefixFrom(a, a.BitLen()).String() // nft prints /32 as an address
+					}
+					v.SourceRanges = append(v.SourceRanges, x)
 				}
-				next = m[2]
+				next = m[3]
 				break
 			}
 			if m := reGoto.FindStringSubmatch(r); m != nil {

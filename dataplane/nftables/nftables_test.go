@@ -267,7 +267,6 @@ func TestIPv6(t *testing.T) {
 	}
 }
 
-
 // advance moves p's clock forward by d.
 func advance(p *Proxier, d time.Duration) {
 	now := p.now()
