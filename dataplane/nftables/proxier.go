@@ -245,7 +245,7 @@ func (p *Proxier) Cleanup() error {
 	ctx, cancel := context.WithTimeout(context.Background(), syncTimeout)
 	defer cancel()
 	if _, err := p.nft.List(ctx, "chains"); err != nil {
-		if knftables.IsNotFound(err) {
+		if isNotFound(err) {
 			return nil
 		}
 		return fmt.Errorf("nftables: %w", err)

@@ -2,9 +2,11 @@ package nftables
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -258,7 +260,7 @@ func (p *Proxier) listLive(ctx context.Context) (*liveNames, error) {
 	l := &liveNames{chains: map[string]bool{}, maps: map[string]bool{}, sets: map[string]bool{}, elems: map[string]elem{}}
 	for kind, into := range map[string]map[string]bool{"chains": l.chains, "maps": l.maps, "sets": l.sets} {
 		names, err := p.nft.List(ctx, kind)
-		if knftables.IsNotFound(err) {
+		if isNotFound(err) {
 			return l, nil // no table yet
 		}
 		if err != nil {
@@ -586,4 +588,10 @@ func sortedPorts[V any](m map[dataplane.ServicePortName]V) []dataplane.ServicePo
 	}
 	slices.SortFunc(out, func(a, b dataplane.ServicePortName) int { return strings.Compare(a.String(), b.String()) })
 	return out
+}
+
+// isNotFound reports a missing table, as nft or netlink says it.
+func isNotFound(err error) bool {
+	return err != nil && (knftables.IsNotFound(err) || errors.Is(err, syscall.ENOENT) ||
+		strings.Contains(err.Error(), "no such file or directory"))
 }

@@ -1,0 +1,142 @@
+// Command scale-bench measures one dataplane at one size, inside the
+// network namespace it is started in (scripts/bench-scale.sh makes a
+// throwaway one per run, never the root namespace), and prints one JSON
+// line: first sync, one-endpoint partial sync (median of 5), full resync
+// with nothing changed, explain, listing the ruleset, and peak RSS.
+// It prints figures and asserts nothing.
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/steelyard-net/steelyard/dataplane"
+	"github.com/steelyard-net/steelyard/dataplane/iptables"
+	"github.com/steelyard-net/steelyard/dataplane/nftables"
+)
+
+// Result is one measured point; times in seconds.
+type Result struct {
+	Dataplane string  `json:"dataplane"`
+	Services  int     `json:"services"`
+	Endpoints int     `json:"endpoints"`
+	First     float64 `json:"first_sync_s"`
+	Partial   float64 `json:"partial_sync_s"`
+	Full      float64 `json:"full_resync_s"`
+	Explain   float64 `json:"explain_s"`
+	List      float64 `json:"list_s"`
+	RSSMiB    float64 `json:"rss_mib"`
+}
+
+type syncer interface {
+	Sync(dataplane.State, bool) error
+	Explain() ([]dataplane.ServiceView, error)
+	Cleanup() error
+}
+
+func main() {
+	services := flag.Int("services", 10000, "number of Services")
+	endpoints := flag.Int("endpoints", 10, "endpoints per Service")
+	dp := flag.String("dataplane", "nftables", "nftables or iptables-legacy")
+	flag.Parse()
+	logrus.SetLevel(logrus.WarnLevel)
+
+	state := makeState(*services, *endpoints)
+	cidrs := []netip.Prefix{netip.MustParsePrefix("198.19.0.0/16")}
+	var p syncer
+	var list []string
+	switch *dp {
+	case "nftables":
+		np, err := nftables.NewKernel(nftables.Config{ClusterCIDRs: cidrs})
+		if err != nil {
+			fail(err)
+		}
+		p, list = np, []string{"nft", "list", "ruleset"}
+	case "iptables-legacy":
+		ipt, _, err := iptables.New(iptables.Mode("legacy"))
+		if err != nil {
+			fail(err)
+		}
+		p, list = iptables.NewProxier(ipt, iptables.Config{ClusterCIDRs: cidrs}), []string{"iptables-legacy-save"}
+	default:
+		fail(fmt.Errorf("-dataplane %q: want nftables or iptables-legacy", *dp))
+	}
+	r := Result{Dataplane: *dp, Services: *services, Endpoints: *endpoints}
+	timed := func(f func() error) float64 {
+		start := time.Now()
+		if err := f(); err != nil {
+			fail(err)
+		}
+		return time.Since(start).Seconds()
+	}
+	r.First = timed(func() error { return p.Sync(state, true) })
+	var partials []float64
+	for i := range 5 {
+		// One endpoint of one Service changes weight.
+		state.Services[*services/2].Backends[0].Weight = float64(2 + i)
+		partials = append(partials, timed(func() error { return p.Sync(state, false) }))
+	}
+	slices.Sort(partials)
+	r.Partial = partials[len(partials)/2]
+	r.Full = timed(func() error { return p.Sync(state, true) })
+	r.Explain = timed(func() error {
+		views, err := p.Explain()
+		if err == nil && len(views) < *services {
+			err = fmt.Errorf("explain read %d views, want %d", len(views), *services)
+		}
+		return err
+	})
+	r.List = timed(func() error {
+		cmd := exec.Command(list[0], list[1:]...)
+		cmd.Stdout = nil
+		return cmd.Run()
+	})
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
+		r.RSSMiB = float64(ru.Maxrss) / 1024
+	}
+	if err := p.Cleanup(); err != nil {
+		fail(err)
+	}
+	if err := json.NewEncoder(os.Stdout).Encode(r); err != nil {
+		fail(err)
+	}
+}
+
+// makeState builds n Services with m endpoints each (weights 1..4). VIPs
+// come from 198.18.0.0/16, endpoints from 198.19.0.0/16 (ports vary once
+// the addresses run out).
+func makeState(n, m int) dataplane.State {
+	var s dataplane.State
+	for i := 0; i < n; i++ {
+		vip := [4]byte{198, 18, byte((i + 1) >> 8), byte(i + 1)}
+		sp := dataplane.ServicePort{
+			Name: dataplane.ServicePortName{Namespace: "bench", Name: fmt.Sprintf("svc-%d", i), Port: "http"},
+			VIP:  dataplane.VIP{IP: netip.AddrFrom4(vip), Port: 80, Protocol: dataplane.TCP},
+		}
+		for j := 0; j < m; j++ {
+			k := i*m + j
+			ip := [4]byte{198, 19, byte((k % 65000) >> 8), byte(k % 65000)}
+			sp.Backends = append(sp.Backends, dataplane.Backend{
+				IP: netip.AddrFrom4(ip), Port: uint16(8080 + k/65000), Weight: float64(1 + j%4), Ready: true, Serving: true,
+			})
+		}
+		s.Services = append(s.Services, sp)
+	}
+	s.Sort()
+	return s
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "scale-bench:", err)
+	os.Exit(1)
+}
