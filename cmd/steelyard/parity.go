@@ -14,6 +14,7 @@ import (
 	"github.com/steelyard-net/steelyard/dataplane"
 	"github.com/steelyard-net/steelyard/dataplane/iptables"
 	"github.com/steelyard-net/steelyard/dataplane/ipvs"
+	"github.com/steelyard-net/steelyard/dataplane/nftables"
 )
 
 // openIPTables returns the iptables dataplane for both IP families: the
@@ -125,6 +126,9 @@ func (f *nodeFlags) setupParity(ctx context.Context, agent *controller.Agent, ku
 		if p.V6 != nil {
 			agent.Builder.EnableIPv6()
 		}
+	}
+	if d, ok := agent.Dataplane.(*nftables.DualStack); ok {
+		d.V4.NodeAddresses, d.V6.NodeAddresses = addrs, addrs // the nodeport-ips set
 	}
 	log.WithField("addresses", addrs()).WithField("zone", b.Zone).Info("node ports and topology")
 	hc := controller.NewHealthChecks(agent.Dataplane, netip.Addr{})

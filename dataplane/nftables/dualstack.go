@@ -3,6 +3,7 @@ package nftables
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"sigs.k8s.io/knftables"
 
@@ -40,18 +41,33 @@ func NewDualStackKernel(cfg Config) (*DualStack, error) {
 	return &DualStack{V4: v4, V6: v6}, nil
 }
 
-// Sync implements dataplane.Dataplane: one transaction per family (each
-// Proxier keeps only the Service ports of its family).
+// Sync implements dataplane.Dataplane: one Sync per family (each Proxier
+// keeps only the Service ports of its family).
 func (d *DualStack) Sync(s dataplane.State, full bool) error {
-	err4 := d.V4.Sync(s, full)
+	return d.SyncChanged(s, full, nil)
+}
+
+// SyncChanged is Sync with the change tracker's set of changed Service
+// ports (see Proxier.SyncChanged).
+func (d *DualStack) SyncChanged(s dataplane.State, full bool, changed map[dataplane.ServicePortName]bool) error {
+	err4 := d.V4.SyncChanged(s, full, changed)
 	if err4 != nil {
 		err4 = fmt.Errorf("IPv4: %w", err4)
 	}
-	err6 := d.V6.Sync(s, full)
+	err6 := d.V6.SyncChanged(s, full, changed)
 	if err6 != nil {
 		err6 = fmt.Errorf("IPv6: %w", err6)
 	}
 	return errors.Join(err4, err6)
+}
+
+// PendingCleanup reports when either family has stale objects to delete.
+func (d *DualStack) PendingCleanup() time.Duration {
+	a, b := d.V4.PendingCleanup(), d.V6.PendingCleanup()
+	if a == 0 || (b != 0 && b < a) {
+		return b
+	}
+	return a
 }
 
 // LastSyncFull reports whether the last successful Sync of either family
