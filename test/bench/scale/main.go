@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -35,6 +36,25 @@ type Result struct {
 	Explain   float64 `json:"explain_s"`
 	List      float64 `json:"list_s"`
 	RSSMiB    float64 `json:"rss_mib"`
+	// CPU seconds (user + system, this process and its nft children) of
+	// the same steps: what a step costs when other jobs share the cores.
+	FirstCPU   float64 `json:"first_sync_cpu_s"`
+	PartialCPU float64 `json:"partial_sync_cpu_s"`
+	FullCPU    float64 `json:"full_resync_cpu_s"`
+	ExplainCPU float64 `json:"explain_cpu_s"`
+	ListCPU    float64 `json:"list_cpu_s"`
+	// LoadAvg is the 1-minute load average at the end of the run.
+	LoadAvg string `json:"loadavg"`
+}
+
+// cpu returns the CPU seconds used so far by this process and its waited-for
+// children.
+func cpu() float64 {
+	var self, kids syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &self)
+	_ = syscall.Getrusage(syscall.RUSAGE_CHILDREN, &kids)
+	sec := func(t syscall.Timeval) float64 { return float64(t.Sec) + float64(t.Usec)/1e6 }
+	return sec(self.Utime) + sec(self.Stime) + sec(kids.Utime) + sec(kids.Stime)
 }
 
 type syncer interface {
@@ -71,23 +91,29 @@ func main() {
 		fail(fmt.Errorf("-dataplane %q: want nftables or iptables-legacy", *dp))
 	}
 	r := Result{Dataplane: *dp, Services: *services, Endpoints: *endpoints}
+	var lastCPU float64
 	timed := func(f func() error) float64 {
-		start := time.Now()
+		start, c := time.Now(), cpu()
 		if err := f(); err != nil {
 			fail(err)
 		}
+		lastCPU = cpu() - c
 		return time.Since(start).Seconds()
 	}
 	r.First = timed(func() error { return p.Sync(state, true) })
-	var partials []float64
+	r.FirstCPU = lastCPU
+	var partials, partialCPU []float64
 	for i := range 5 {
 		// One endpoint of one Service changes weight.
 		state.Services[*services/2].Backends[0].Weight = float64(2 + i)
 		partials = append(partials, timed(func() error { return p.Sync(state, false) }))
+		partialCPU = append(partialCPU, lastCPU)
 	}
 	slices.Sort(partials)
-	r.Partial = partials[len(partials)/2]
+	slices.Sort(partialCPU)
+	r.Partial, r.PartialCPU = partials[len(partials)/2], partialCPU[len(partialCPU)/2]
 	r.Full = timed(func() error { return p.Sync(state, true) })
+	r.FullCPU = lastCPU
 	r.Explain = timed(func() error {
 		views, err := p.Explain()
 		if err == nil && len(views) < *services {
@@ -95,11 +121,16 @@ func main() {
 		}
 		return err
 	})
+	r.ExplainCPU = lastCPU
 	r.List = timed(func() error {
 		cmd := exec.Command(list[0], list[1:]...)
 		cmd.Stdout = nil
 		return cmd.Run()
 	})
+	r.ListCPU = lastCPU
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		r.LoadAvg, _, _ = strings.Cut(string(b), " ")
+	}
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
 		r.RSSMiB = float64(ru.Maxrss) / 1024

@@ -30,6 +30,13 @@ type result struct {
 	Explain   float64 `json:"explain_s"`
 	List      float64 `json:"list_s"`
 	RSSMiB    float64 `json:"rss_mib"`
+	// CPU seconds of the same steps.
+	FirstCPU   float64 `json:"first_sync_cpu_s"`
+	PartialCPU float64 `json:"partial_sync_cpu_s"`
+	FullCPU    float64 `json:"full_resync_cpu_s"`
+	ExplainCPU float64 `json:"explain_cpu_s"`
+	ListCPU    float64 `json:"list_cpu_s"`
+	LoadAvg    string  `json:"loadavg"`
 }
 
 func main() {
@@ -50,9 +57,11 @@ func main() {
 		return rs[i].Services < rs[j].Services
 	})
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "dataplane\tServices\tfirst sync\tpartial sync\tfull resync\texplain\tlist ruleset\tRSS\t")
+	fmt.Fprintln(w, "wall time (CPU time)\t\t\t\t\t\t\t\t\t")
+	fmt.Fprintln(w, "dataplane\tServices\tfirst sync\tpartial sync\tfull resync\texplain\tlist ruleset\tRSS\tload\t")
 	for _, r := range rs {
-		fmt.Fprintf(w, "%s\t%d\t%.3f s\t%.3f s\t%.3f s\t%.3f s\t%.3f s\t%.0f MiB\t\n", r.Dataplane, r.Services, r.First, r.Partial, r.Full, r.Explain, r.List, r.RSSMiB)
+		fmt.Fprintf(w, "%s\t%d\t%.3f (%.3f) s\t%.3f (%.3f) s\t%.3f (%.3f) s\t%.3f (%.3f) s\t%.3f (%.3f) s\t%.0f MiB\t%s\t\n", r.Dataplane, r.Services,
+			r.First, r.FirstCPU, r.Partial, r.PartialCPU, r.Full, r.FullCPU, r.Explain, r.ExplainCPU, r.List, r.ListCPU, r.RSSMiB, r.LoadAvg)
 	}
 	w.Flush()
 
