@@ -164,7 +164,11 @@ func (p *Proxier) SyncChanged(s dataplane.State, full bool, changed map[dataplan
 		if tx.NumOperations() == 0 {
 			return nil
 		}
-		if err := p.nft.Run(ctx, tx); err != nil {
+		// Each transaction has its own timeout: a first sync of 30,000
+		// Services is thirty of them.
+		rctx, rcancel := context.WithTimeout(context.Background(), syncTimeout)
+		defer rcancel()
+		if err := p.nft.Run(rctx, tx); err != nil {
 			p.synced = false // the next sync rewrites everything
 			return fmt.Errorf("nftables: %w", err)
 		}
