@@ -88,7 +88,7 @@ const (
 // BatchPorts is how many Service ports one transaction of a full sync
 // writes. The first sync at 10,000 Services is then ten transactions, none
 // holding the nftables lock for long (kubernetes#139328).
-const BatchPorts = 1000
+var BatchPorts = 1000
 
 // StaleDelay is how long a chain, map or set that is no longer used stays
 // (flushed) before it is deleted: before 6.2 the kernel notices late that a

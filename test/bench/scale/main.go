@@ -67,7 +67,10 @@ func main() {
 	services := flag.Int("services", 10000, "number of Services")
 	endpoints := flag.Int("endpoints", 10, "endpoints per Service")
 	dp := flag.String("dataplane", "nftables", "nftables or iptables-legacy")
+	keep := flag.Bool("keep", false, "leave the ruleset in place after the first sync and exit (to inspect it)")
+	batch := flag.Int("batch", nftables.BatchPorts, "nftables: Service ports per transaction of a full sync")
 	flag.Parse()
+	nftables.BatchPorts = *batch
 	logrus.SetLevel(logrus.WarnLevel)
 
 	state := makeState(*services, *endpoints)
@@ -102,6 +105,10 @@ func main() {
 	}
 	r.First = timed(func() error { return p.Sync(state, true) })
 	r.FirstCPU = lastCPU
+	if *keep {
+		fmt.Printf("first sync %.3f s (%.3f s CPU)\n", r.First, r.FirstCPU)
+		return
+	}
 	var partials, partialCPU []float64
 	for i := range 5 {
 		// One endpoint of one Service changes weight.
