@@ -39,7 +39,7 @@ func newTest(t testing.TB, family int) (*Proxier, knftables.Interface) {
 	t.Helper()
 	f := famOf(family)
 	if os.Getenv("STEELYARD_NFT_REAL") == "1" {
-		nft, err := knftables.New(f.nfFamily, TableName)
+		nft, err := knftables.New(f.nfFamily, TableName, knftables.UseNetlink)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -396,12 +396,17 @@ func (w *writer) port(tx *knftables.Transaction, n dataplane.ServicePortName, ol
 		// In a full sync, repair deletes what the kernel still has.
 		delete(w.owner, e.id())
 	}
-	// 3. Chains whose rules changed.
+	// 3. Chains whose rules changed. A chain the kernel does not have yet
+	// is not flushed: at 10,000 Services the first sync's flushes of new
+	// chains and maps cost as much as the rest of the load.
 	for _, c := range o.order {
-		if rs, ok := old.chains[c]; ok && slices.Equal(rs, o.chains[c]) {
+		rs, ok := old.chains[c]
+		if ok && slices.Equal(rs, o.chains[c]) {
 			continue
 		}
-		tx.Flush(&knftables.Chain{Name: c})
+		if w.exists("chain", c, ok) {
+			tx.Flush(&knftables.Chain{Name: c})
+		}
 		for _, r := range o.chains[c] {
 			tx.Add(&knftables.Rule{Chain: c, Rule: r, Comment: comment})
 		}
@@ -410,7 +415,7 @@ func (w *writer) port(tx *knftables.Transaction, n dataplane.ServicePortName, ol
 	for _, m := range sortedKeys(o.maps) {
 		if om, ok := old.maps[m]; ok && slices.Equal(om.elems, o.maps[m].elems) {
 			continue
-		} else if ok || w.full {
+		} else if w.exists("map", m, ok) {
 			tx.Flush(&knftables.Map{Name: m})
 		}
 		proto := o.src.VIP.Protocol.Lower()
@@ -459,6 +464,23 @@ func (w *writer) port(tx *knftables.Transaction, n dataplane.ServicePortName, ol
 			w.markStale("set", s)
 		}
 	}
+}
+
+// exists reports whether the kernel may hold an object already: in a full
+// sync, from the names listed; else when the last sync wrote it or it
+// waits, flushed, for deletion.
+func (w *writer) exists(kind, name string, written bool) bool {
+	if w.full {
+		switch kind {
+		case "chain":
+			return w.live.chains[name]
+		case "map":
+			return w.live.maps[name]
+		}
+		return w.live.sets[name]
+	}
+	_, waiting := w.p.stale[staleKey{kind, name}]
+	return written || waiting
 }
 
 // oldElems keeps the shared elements of old for the delete step.
