@@ -160,3 +160,39 @@ func TestFullResyncRepairsHandEdits(t *testing.T) {
 		t.Errorf("after the full resync:\n%s", strings.Join(diff, "\n"))
 	}
 }
+
+// TestFirstSyncInBatches: a first sync of 5 Service ports with BatchPorts
+// 2 runs three transactions, none with more than 2 Service ports' chains,
+// and ends with every port served.
+func TestFirstSyncInBatches(t *testing.T) {
+	if testing.Short() {
+		t.Skip()
+	}
+	old := BatchPorts
+	BatchPorts = 2
+	defer func() { BatchPorts = old }()
+	p, nft := newTest(t, 4)
+	var s dataplane.State
+	for i := range 5 {
+		s.Services = append(s.Services, svcPort(string(rune('a'+i)), netip.AddrFrom4([4]byte{198, 18, 0, byte(10 + i)}).String(), 80, dataplane.TCP,
+			be(netip.AddrFrom4([4]byte{198, 19, 1, byte(2 + i)}).String(), 8080, 1)))
+	}
+	var perTx []int
+	p.nft = &spyNFT{Interface: nft, onRun: func(tx *knftables.Transaction) {
+		perTx = append(perTx, strings.Count(tx.String(), "add element ip steelyard service-ips"))
+	}}
+	if err := p.Sync(s, true); err != nil {
+		t.Fatal(err)
+	}
+	p.nft = nft
+	if len(perTx) != 3 || perTx[0] > 2 || perTx[1] > 2 || perTx[2] > 2 {
+		t.Errorf("Service ports per transaction %v, want 3 transactions of at most 2", perTx)
+	}
+	live, err := p.Explain()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := dataplane.Diff(dataplane.Expected(s), live); len(diff) > 0 {
+		t.Errorf("after a batched first sync:\n%s", strings.Join(diff, "\n"))
+	}
+}
