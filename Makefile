@@ -100,6 +100,7 @@ gateway: deps build control-plane
 bench: deps build
 	$(GO) test -run '^$$' -bench . -benchmem ./dataplane/...
 	$(ROOT) scripts/bench-iptables.sh
+	$(ROOT) env SIZES="$(SIZES)" scripts/bench-scale.sh
 
 # steelyard beside kube-proxy v1.37.2 (iptables and nftables modes) against
 # a real API server with 1,000 and 10,000 Services x 10 endpoints.

@@ -532,12 +532,31 @@ func (bd *build) backends(si *serviceInfo, port corev1.ServicePort, family disco
 // zone, which is what that controller does. Weights then apply among the
 // endpoints that remain.
 func (bd *build) applyTopology(si *serviceInfo, bs []dataplane.Backend, hints [][]string) {
+	var td string
+	if si.svc.Spec.TrafficDistribution != nil {
+		td = *si.svc.Spec.TrafficDistribution
+	}
+	// PreferSameNode (KEP-3015): this node's endpoints when it has one,
+	// else the same as PreferSameZone.
+	if td == corev1.ServiceTrafficDistributionPreferSameNode && bd.b.NodeName != "" {
+		anyLocal := false
+		for _, b := range bs {
+			anyLocal = anyLocal || b.Weight > 0 && b.Local
+		}
+		if anyLocal {
+			for i := range bs {
+				bs[i].OutOfZone = bs[i].Weight > 0 && !bs[i].Local
+			}
+			return
+		}
+	}
 	zone := bd.b.Zone
 	if zone == "" {
 		return
 	}
-	preferClose := si.svc.Spec.TrafficDistribution != nil &&
-		(*si.svc.Spec.TrafficDistribution == corev1.ServiceTrafficDistributionPreferClose || *si.svc.Spec.TrafficDistribution == "PreferSameZone")
+	// PreferSameZone is PreferClose's GA name.
+	preferClose := td == corev1.ServiceTrafficDistributionPreferClose || td == corev1.ServiceTrafficDistributionPreferSameZone ||
+		td == corev1.ServiceTrafficDistributionPreferSameNode
 	inZone := make([]bool, len(bs))
 	anyInZone := false
 	for i, b := range bs {

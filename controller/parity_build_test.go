@@ -194,3 +194,60 @@ func TestBuildDualStack(t *testing.T) {
 		}
 	}
 }
+
+// TestBuildTrafficDistributionGA covers the GA values of KEP-3015:
+// PreferSameZone behaves as PreferClose; PreferSameNode keeps this node's
+// endpoints, falls back to this zone's, then to every endpoint.
+func TestBuildTrafficDistributionGA(t *testing.T) {
+	svc := func(name, ip, td string) *corev1.Service {
+		return makeService("demo", name, func(s *corev1.Service) {
+			s.Spec.ClusterIP = ip
+			s.Spec.TrafficDistribution = ptr.To(td)
+		})
+	}
+	services := []*corev1.Service{
+		svc("zone", "198.18.0.20", corev1.ServiceTrafficDistributionPreferSameZone),
+		svc("node", "198.18.0.21", corev1.ServiceTrafficDistributionPreferSameNode),
+		svc("nodezone", "198.18.0.22", corev1.ServiceTrafficDistributionPreferSameNode),
+		svc("nodeany", "198.18.0.23", corev1.ServiceTrafficDistributionPreferSameNode),
+	}
+	sls := []*discoveryv1.EndpointSlice{
+		makeSlice("demo", "zone", "zone-a", []discoveryv1.Endpoint{
+			onNode(ready("198.19.5.2", "z-1"), "node-b", "zone-a"),
+			onNode(ready("198.19.5.3", "z-2"), "node-c", "zone-b"),
+		}, nil),
+		makeSlice("demo", "node", "node-a", []discoveryv1.Endpoint{
+			onNode(ready("198.19.6.2", "n-1"), "node-a", "zone-a"),
+			onNode(ready("198.19.6.3", "n-2"), "node-b", "zone-a"),
+			onNode(ready("198.19.6.4", "n-3"), "node-c", "zone-b"),
+		}, nil),
+		makeSlice("demo", "nodezone", "nodezone-a", []discoveryv1.Endpoint{
+			onNode(ready("198.19.7.2", "nz-1"), "node-b", "zone-a"),
+			onNode(ready("198.19.7.3", "nz-2"), "node-c", "zone-b"),
+		}, nil),
+		makeSlice("demo", "nodeany", "nodeany-a", []discoveryv1.Endpoint{
+			onNode(ready("198.19.8.2", "na-1"), "node-b", "zone-b"),
+			onNode(ready("198.19.8.3", "na-2"), "node-c", "zone-c"),
+		}, nil),
+	}
+	b := NewBuilder()
+	b.NodeName, b.Zone = "node-a", "zone-a"
+	st, _ := b.Build(services, sls)
+	cluster := map[string][]string{}
+	for _, sp := range st.Services {
+		for _, be := range sp.ClusterBackends() {
+			cluster[sp.Name.Name] = append(cluster[sp.Name.Name], be.Name)
+		}
+	}
+	want := map[string][]string{
+		"zone":     {"z-1"},
+		"node":     {"n-1"},
+		"nodezone": {"nz-1"},
+		"nodeany":  {"na-1", "na-2"},
+	}
+	for k, w := range want {
+		if !slices.Equal(cluster[k], w) {
+			t.Errorf("%s: cluster-wide endpoints %v, want %v", k, cluster[k], w)
+		}
+	}
+}

@@ -194,7 +194,7 @@ func cleanupIPVSMode(f *dataplaneFlags) error {
 func openNFTablesMode(_ *dataplaneFlags, env modeEnv) (*dataplane.DualStack, error) {
 	// The nftables dataplane serves no node port yet: env.nodeAddresses
 	// is not used.
-	return nftables.NewDualStackKernel(nftables.Config{Masquerade: env.masquerade})
+	return nftables.NewDualStackKernel(nftables.Config{Masquerade: env.masquerade, NodeAddresses: env.nodeAddresses})
 }
 
 func cleanupNFTablesMode(*dataplaneFlags) error {

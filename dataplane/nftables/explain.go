@@ -9,164 +9,231 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"sigs.k8s.io/knftables"
 
 	"github.com/steelyard-net/steelyard/dataplane"
 )
 
+// snapshot is the live table as Explain reads it: rule text by chain, map
+// elements, set timeouts and set elements. It is filled from one
+// "nft list table" (the real nft) or from knftables.Fake's state, never
+// from what Sync rendered.
+type snapshot struct {
+	chains   map[string][]string
+	elems    map[string][]snapElem // map or set name -> elements
+	timeouts map[string]int        // set name -> timeout seconds
+}
+
+type snapElem struct {
+	key     []string
+	value   string
+	comment string
+}
+
 var (
-	reNumgen = regexp.MustCompile(`^numgen random mod (\d+) < (\d+) goto\s+"?([^"\s]+)"?$`)
-	reGoto   = regexp.MustCompile(`^goto\s+"?([^"\s]+)"?$`)
-	reDNAT   = regexp.MustCompile(`dnat (?:ip6? )?to (\S+)`)
+	reGoto     = regexp.MustCompile(`^goto\s+"?([^"\s]+)"?$`)
+	reDNAT     = regexp.MustCompile(`dnat (?:ip6? )?to (\S+)`)
+	reNumgen   = regexp.MustCompile(`^numgen random mod (\d+) \. meta l4proto vmap @(\S+)$`)
+	reAffinity = regexp.MustCompile(`^ip6? saddr @(\S+) goto (\S+)$`)
+	reRanges   = regexp.MustCompile(`^ip6? saddr (?:\{ (.*) \}|([0-9a-f.:/]+)) goto (\S+)$`)
+	reRange    = regexp.MustCompile(`^(\d+)(?:-(\d+))?$`)
+	reComment  = regexp.MustCompile(`\s+comment\s+"([^"]*)"`)
+	reTimeout  = regexp.MustCompile(`^timeout (\d+)([smhd])`)
 )
 
-// Explain implements dataplane.Dataplane: it reads the live table back (the
-// service-ips map, each Service chain's numgen ranges and each endpoint
-// chain's DNAT) and computes each backend's share of new connections.
+// Explain implements dataplane.Dataplane: it reads the live table (one
+// listing), follows each entry point of the shared maps through the
+// chains and weight maps, and computes each backend's share of new
+// connections from the numgen ranges.
 func (p *Proxier) Explain() ([]dataplane.ServiceView, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), syncTimeout)
 	defer cancel()
-	if _, err := p.nft.List(ctx, "chains"); err != nil {
-		if knftables.IsNotFound(err) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("nftables: %w", err)
+	snap, err := p.snapshot(ctx)
+	if err != nil || snap == nil {
+		return nil, err
 	}
-	p.chainRules = nil
-	if p.textRules {
-		rules, err := p.listText(ctx)
-		if err != nil {
-			return nil, err
-		}
-		p.chainRules = rules
+	var nodeAddrs []string
+	for _, e := range snap.elems[setNodePortIPs] {
+		nodeAddrs = append(nodeAddrs, strings.Join(e.key, ""))
 	}
-	defer func() { p.chainRules = nil }()
+	drops := map[string]string{} // entry key -> verdict in the filter maps
+	for _, m := range []string{mapNoEndpointServices, mapNoEndpointNodePorts} {
+		for _, e := range snap.elems[m] {
+			drops[strings.Join(e.key, " . ")] = e.value
+		}
+	}
 	var views []dataplane.ServiceView
-	elems, err := p.nft.ListElements(ctx, "map", mapServiceIPs)
-	if err != nil && !knftables.IsNotFound(err) {
-		return nil, fmt.Errorf("nftables: list %s: %w", mapServiceIPs, err)
-	}
-	for _, e := range elems {
-		v, err := p.viewOf(e)
-		if err != nil {
-			return nil, err
-		}
-		if len(e.Value) != 1 {
-			v.Problems = append(v.Problems, fmt.Sprintf("unexpected map value %q", e.Value))
+	seen := map[string]bool{}
+	for _, m := range []string{mapServiceIPs, mapServiceNodePorts, mapNoEndpointServices, mapNoEndpointNodePorts} {
+		for _, e := range snap.elems[m] {
+			k := strings.Join(e.key, " . ")
+			if seen[k] {
+				continue // a filter element of an entry already followed
+			}
+			seen[k] = true
+			v, err := p.viewOf(m, e)
+			if err != nil {
+				return nil, err
+			}
+			if v.Entry == dataplane.EntryNodePort {
+				v.NodeAddresses = nodeAddrs
+			}
+			verdict := drops[k]
+			switch {
+			case m == mapNoEndpointServices || m == mapNoEndpointNodePorts:
+				// Only refused or dropped.
+				if strings.Contains(verdict, chainReject) {
+					v.Reject, v.Policy = true, ""
+				} else {
+					v.Drop, v.Policy = true, dataplane.PolicyLocal
+				}
+			default:
+				m := reGoto.FindStringSubmatch(e.value)
+				if m == nil {
+					v.Problems = append(v.Problems, fmt.Sprintf("unexpected map value %q", e.value))
+					break
+				}
+				snap.follow(p, m[1], &v)
+				if len(v.Backends) == 0 && verdict == "drop" {
+					v.Drop = true
+				}
+			}
 			views = append(views, v)
-			continue
 		}
-		m := reGoto.FindStringSubmatch(strings.TrimSpace(e.Value[0]))
-		if m == nil {
-			v.Problems = append(v.Problems, fmt.Sprintf("unexpected map value %q", e.Value[0]))
-			views = append(views, v)
-			continue
-		}
-		if err := p.readService(ctx, m[1], &v); err != nil {
-			return nil, err
-		}
-		views = append(views, v)
-	}
-	rejects, err := p.nft.ListElements(ctx, "set", setNoEndpoints)
-	if err != nil && !knftables.IsNotFound(err) {
-		return nil, fmt.Errorf("nftables: list %s: %w", setNoEndpoints, err)
-	}
-	for _, e := range rejects {
-		v, err := p.viewOf(e)
-		if err != nil {
-			return nil, err
-		}
-		v.Reject = true
-		v.Policy = ""
-		views = append(views, v)
 	}
 	dataplane.SortViews(views)
 	return views, nil
 }
 
-// viewOf starts the view of a map or set element "VIP . proto . port".
-func (p *Proxier) viewOf(e *knftables.Element) (dataplane.ServiceView, error) {
-	key := e.Key
-	if len(key) == 1 {
-		key = strings.Split(key[0], " . ")
+// viewOf starts the view of a shared map element.
+func (p *Proxier) viewOf(m string, e snapElem) (dataplane.ServiceView, error) {
+	v := dataplane.ServiceView{Backends: []dataplane.BackendView{}, Entry: dataplane.EntryClusterIP, Policy: dataplane.PolicyCluster}
+	v.Service = e.comment
+	for _, k := range []string{kindNodePort, kindExternalIP, kindLoadBalancer} {
+		if s, ok := strings.CutSuffix(e.comment, k); ok {
+			v.Service = s
+			v.Entry = map[string]string{kindNodePort: dataplane.EntryNodePort, kindExternalIP: dataplane.EntryExternalIP, kindLoadBalancer: dataplane.EntryLoadBalancer}[k]
+		}
+	}
+	key := e.key
+	if m == mapServiceNodePorts || m == mapNoEndpointNodePorts {
+		key = append([]string{dataplane.AnyAddr(p.cfg.Family)}, key...)
 	}
 	if len(key) != 3 {
-		return dataplane.ServiceView{}, fmt.Errorf("nftables: unexpected element key %q", e.Key)
+		return v, fmt.Errorf("nftables: unexpected element key %q in %s", e.key, m)
 	}
-	ip, err := netip.ParseAddr(strings.TrimSpace(key[0]))
+	ip, err := netip.ParseAddr(key[0])
 	if err != nil {
-		return dataplane.ServiceView{}, fmt.Errorf("nftables: element key %q: %w", e.Key, err)
+		return v, fmt.Errorf("nftables: element key %q: %w", e.key, err)
 	}
-	port, err := strconv.ParseUint(strings.TrimSpace(key[2]), 10, 16)
+	port, err := strconv.ParseUint(key[2], 10, 16)
 	if err != nil {
-		return dataplane.ServiceView{}, fmt.Errorf("nftables: element key %q: %w", e.Key, err)
+		return v, fmt.Errorf("nftables: element key %q: %w", e.key, err)
 	}
-	v := dataplane.ServiceView{
-		VIP:      ip.String(),
-		Port:     uint16(port),
-		Protocol: dataplane.Protocol(strings.ToUpper(strings.TrimSpace(key[1]))),
-		Backends: []dataplane.BackendView{},
-		Entry:    dataplane.EntryClusterIP,
-		Policy:   dataplane.PolicyCluster,
-	}
-	if e.Comment != nil {
-		v.Service = *e.Comment
-	}
+	v.VIP, v.Port, v.Protocol = ip.String(), uint16(port), dataplane.Protocol(strings.ToUpper(key[1]))
 	return v, nil
 }
 
-// readService fills v from a Service chain: arms "numgen random mod R <
-// c goto EP", each taking c/R of what reaches it, then a last "goto EP"
-// taking the rest.
-func (p *Proxier) readService(ctx context.Context, chain string, v *dataplane.ServiceView) error {
-	rules, err := p.rules(ctx, chain)
-	if err != nil {
-		return fmt.Errorf("nftables: list chain %s: %w", chain, err)
-	}
-	left := 1.0 // the fraction of new connections reaching the rule
-	shares := map[string]float64{}
-	var order []string
-	add := func(ep string, share float64) {
-		if _, ok := shares[ep]; !ok {
-			order = append(order, ep)
+// follow walks chain as a new connection from off the cluster does: rules
+// that only match pods (@cluster-cidrs) or the node itself (fib saddr type
+// local) are skipped; an unconditional goto is followed; a source-range
+// goto records the ranges and is followed; a numgen split ends the walk.
+func (s *snapshot) follow(p *Proxier, chain string, v *dataplane.ServiceView) {
+	for depth := 0; depth < 4; depth++ {
+		rules, ok := s.chains[chain]
+		if !ok {
+			v.Problems = append(v.Problems, "missing chain "+chain)
+			return
 		}
-		shares[ep] += share
-	}
-	ended := false
-	for _, r := range rules {
-		if v.Service == "" && r.Comment != nil {
-			v.Service = *r.Comment
-		}
-		text := strings.TrimSpace(r.Rule)
-		if m := reGoto.FindStringSubmatch(text); m != nil {
-			add(m[1], left)
-			left, ended = 0, true
-			break
-		}
-		if m := reNumgen.FindStringSubmatch(text); m != nil {
-			mod, _ := strconv.ParseFloat(m[1], 64)
-			below, _ := strconv.ParseFloat(m[2], 64)
-			if mod <= 0 || below > mod {
-				v.Problems = append(v.Problems, "unreadable draw: "+text)
+		next := ""
+		for _, r := range rules {
+			if strings.Contains(r, "@"+setClusterCIDRs+" goto") || strings.HasPrefix(r, "fib saddr type local") {
 				continue
 			}
-			add(m[3], left*below/mod)
-			left *= 1 - below/mod
+			if m := reRanges.FindStringSubmatch(r); m != nil {
+				list := m[1] + m[2]
+				for _, x := range strings.Split(list, ",") {
+					x = strings.TrimSpace(x)
+					if a, err := netip.ParseAddr(x); err == nil {
+						x = netip.PrefixFrom(a, a.BitLen()).String() // nft prints /32 as an address
+					}
+					v.SourceRanges = append(v.SourceRanges, x)
+				}
+				next = m[3]
+				break
+			}
+			if m := reGoto.FindStringSubmatch(r); m != nil {
+				next = m[1]
+				break
+			}
+			if m := reAffinity.FindStringSubmatch(r); m != nil {
+				v.AffinitySeconds = s.timeouts[m[1]]
+				continue
+			}
+			if m := reNumgen.FindStringSubmatch(r); m != nil {
+				if strings.HasPrefix(chain, svlPrefix) {
+					v.Policy = dataplane.PolicyLocal
+				}
+				s.split(p, m[1], m[2], v)
+				return
+			}
 		}
+		if next == "" {
+			if strings.HasPrefix(chain, extPrefix) {
+				v.Policy = dataplane.PolicyLocal // nothing for off-cluster clients
+			}
+			return
+		}
+		if strings.HasPrefix(chain, extPrefix) && strings.HasPrefix(next, svlPrefix) {
+			v.Policy = dataplane.PolicyLocal
+		}
+		chain = next
 	}
-	if len(order) == 0 {
-		v.Problems = append(v.Problems, "Service chain "+chain+" sends no connection anywhere")
-		return nil
+	v.Problems = append(v.Problems, "chains nest too deep at "+chain)
+}
+
+// split computes the shares of a weight map: each element "lo-hi . proto"
+// takes (hi-lo+1)/mod of the connections.
+func (s *snapshot) split(p *Proxier, modText, m string, v *dataplane.ServiceView) {
+	mod, err := strconv.ParseUint(modText, 10, 32)
+	if err != nil || mod == 0 {
+		v.Problems = append(v.Problems, "unreadable modulus "+modText)
+		return
 	}
-	if !ended && left > 1e-9 {
-		v.Problems = append(v.Problems, fmt.Sprintf("%.4f%% of new connections fall through the Service chain", 100*left))
+	shares := map[string]uint64{}
+	var order []string
+	var covered uint64
+	for _, e := range s.elems[m] {
+		r := reRange.FindStringSubmatch(e.key[0])
+		g := reGoto.FindStringSubmatch(e.value)
+		if r == nil || g == nil {
+			v.Problems = append(v.Problems, fmt.Sprintf("unreadable weight element %q : %q", e.key, e.value))
+			continue
+		}
+		lo, _ := strconv.ParseUint(r[1], 10, 64)
+		hi := lo
+		if r[2] != "" {
+			hi, _ = strconv.ParseUint(r[2], 10, 64)
+		}
+		if hi >= mod {
+			hi = mod - 1
+		}
+		if hi < lo {
+			continue
+		}
+		if _, ok := shares[g[1]]; !ok {
+			order = append(order, g[1])
+		}
+		shares[g[1]] += hi - lo + 1
+		covered += hi - lo + 1
+	}
+	if covered < mod {
+		v.Problems = append(v.Problems, fmt.Sprintf("%.4f%% of new connections match no weight range", 100*float64(mod-covered)/float64(mod)))
 	}
 	for _, ep := range order {
-		addr, hairpin, err := p.readEndpoint(ctx, ep)
-		if err != nil {
-			return err
-		}
+		addr, hairpin := s.endpoint(ep)
 		if !addr.IsValid() {
 			v.Problems = append(v.Problems, "endpoint chain "+ep+" has no DNAT")
 			continue
@@ -174,57 +241,42 @@ func (p *Proxier) readService(ctx context.Context, chain string, v *dataplane.Se
 		if !hairpin {
 			v.Problems = append(v.Problems, "endpoint "+addr.String()+": hairpin connections are not masqueraded")
 		}
-		v.Backends = append(v.Backends, dataplane.BackendView{
-			IP: addr.Addr().String(), Port: addr.Port(), Share: dataplane.RoundShare(100 * shares[ep]),
-		})
+		v.Backends = append(v.Backends, dataplane.BackendView{IP: addr.Addr().String(), Port: addr.Port(), Share: dataplane.RoundShare(100 * float64(shares[ep]) / float64(mod))})
 	}
-	return nil
 }
 
-// readEndpoint returns an endpoint chain's DNAT target and whether it marks
+// endpoint returns an endpoint chain's DNAT target and whether it marks
 // hairpin connections for masquerade.
-func (p *Proxier) readEndpoint(ctx context.Context, chain string) (netip.AddrPort, bool, error) {
-	rules, err := p.rules(ctx, chain)
-	if err != nil {
-		return netip.AddrPort{}, false, fmt.Errorf("nftables: list chain %s: %w", chain, err)
-	}
+func (s *snapshot) endpoint(chain string) (netip.AddrPort, bool) {
 	var addr netip.AddrPort
 	hairpin := false
-	for _, r := range rules {
-		if strings.Contains(r.Rule, "jump "+chainMarkMasq) && strings.Contains(r.Rule, "saddr") {
+	for _, r := range s.chains[chain] {
+		if strings.Contains(r, "jump "+chainMarkMasq) && strings.Contains(r, "saddr") {
 			hairpin = true
 		}
-		if m := reDNAT.FindStringSubmatch(r.Rule); m != nil {
-			a, err := netip.ParseAddrPort(m[1])
-			if err == nil {
+		if m := reDNAT.FindStringSubmatch(r); m != nil {
+			if a, err := netip.ParseAddrPort(m[1]); err == nil {
 				addr = a
 			}
 		}
 	}
-	return addr, hairpin, nil
+	return addr, hairpin
 }
 
-// rules returns a chain's rules as text: from the table listing read at the
-// start of Explain (real nft: its JSON rules carry no text), else from the
-// Interface (knftables.Fake keeps the text).
-func (p *Proxier) rules(ctx context.Context, chain string) ([]*knftables.Rule, error) {
-	if p.chainRules != nil {
-		rules, ok := p.chainRules[chain]
-		if !ok {
-			return nil, fmt.Errorf("no such chain")
-		}
-		return rules, nil
+// snapshot reads the live table; nil when there is none.
+func (p *Proxier) snapshot(ctx context.Context) (*snapshot, error) {
+	if f, ok := p.nft.(*knftables.Fake); ok {
+		return fakeSnapshot(f), nil
 	}
-	return p.nft.ListRules(ctx, chain)
-}
-
-var reComment = regexp.MustCompile(`\s+comment\s+"([^"]*)"\s*$`)
-
-// listText reads "nft list table" and returns the rules of each chain.
-func (p *Proxier) listText(ctx context.Context) (map[string][]*knftables.Rule, error) {
+	if !p.textRules {
+		return nil, errors.New("nftables: explain needs the nft binary or knftables.Fake")
+	}
 	out, err := exec.CommandContext(ctx, "nft", "list", "table", string(p.f.nfFamily), TableName).Output()
 	if err != nil {
 		var ee *exec.ExitError
+		if errors.As(err, &ee) && strings.Contains(string(ee.Stderr), "No such file or directory") {
+			return nil, nil
+		}
 		if errors.As(err, &ee) {
 			err = fmt.Errorf("%w: %s", err, strings.TrimSpace(string(ee.Stderr)))
 		}
@@ -233,33 +285,109 @@ func (p *Proxier) listText(ctx context.Context) (map[string][]*knftables.Rule, e
 	return parseTable(string(out)), nil
 }
 
-// parseTable splits the text of "nft list table" into chains and rules.
-func parseTable(text string) map[string][]*knftables.Rule {
-	out := map[string][]*knftables.Rule{}
-	chain, inChain, depth := "", false, 0
-	for _, line := range strings.Split(text, "\n") {
-		l := strings.TrimSpace(line)
-		switch {
-		case depth == 1 && strings.HasPrefix(l, "chain ") && strings.HasSuffix(l, "{"):
-			chain = strings.Trim(strings.TrimSpace(strings.TrimSuffix(strings.TrimPrefix(l, "chain "), "{")), `"`)
-			inChain = true
-			out[chain] = []*knftables.Rule{}
-		case strings.HasSuffix(l, "{"):
-			// table, map, set blocks
-		case l == "}":
-			if depth == 2 {
-				inChain = false
-			}
-		case inChain && depth == 2 && l != "" && !strings.HasPrefix(l, "type ") && !strings.HasPrefix(l, "policy ") && !strings.HasPrefix(l, "comment "):
-			r := &knftables.Rule{Chain: chain, Rule: l}
-			if m := reComment.FindStringSubmatch(l); m != nil {
-				c := m[1]
-				r.Comment = &c
-				r.Rule = strings.TrimSpace(l[:len(l)-len(m[0])])
-			}
-			out[chain] = append(out[chain], r)
+func fakeSnapshot(f *knftables.Fake) *snapshot {
+	if f.Table == nil {
+		return nil
+	}
+	s := &snapshot{chains: map[string][]string{}, elems: map[string][]snapElem{}, timeouts: map[string]int{}}
+	for name, c := range f.Table.Chains {
+		rules := []string{}
+		for _, r := range c.Rules {
+			rules = append(rules, strings.TrimSpace(r.Rule))
 		}
-		depth += strings.Count(l, "{") - strings.Count(l, "}")
+		s.chains[name] = rules
+	}
+	conv := func(es []*knftables.Element) []snapElem {
+		var out []snapElem
+		for _, e := range es {
+			x := snapElem{key: splitKey(e.Key), value: strings.TrimSpace(strings.Join(e.Value, " . "))}
+			if e.Comment != nil {
+				x.comment = *e.Comment
+			}
+			out = append(out, x)
+		}
+		return out
+	}
+	for name, m := range f.Table.Maps {
+		s.elems[name] = conv(m.Elements)
+	}
+	for name, st := range f.Table.Sets {
+		s.elems[name] = conv(st.Elements)
+		if st.Timeout != nil {
+			s.timeouts[name] = int(*st.Timeout / time.Second)
+		}
+	}
+	return s
+}
+
+// parseTable reads the text of "nft list table": each chain's rules
+// (comments cut off), each map's and set's elements, and set timeouts.
+func parseTable(text string) *snapshot {
+	s := &snapshot{chains: map[string][]string{}, elems: map[string][]snapElem{}, timeouts: map[string]int{}}
+	lines := strings.Split(text, "\n")
+	for i := 0; i < len(lines); i++ {
+		l := strings.TrimSpace(lines[i])
+		switch {
+		case strings.HasPrefix(l, "chain ") && strings.HasSuffix(l, "{"):
+			name := strings.Trim(strings.TrimSpace(strings.TrimSuffix(strings.TrimPrefix(l, "chain "), "{")), `"`)
+			rules := []string{}
+			for i++; i < len(lines); i++ {
+				r := strings.TrimSpace(lines[i])
+				if r == "}" {
+					break
+				}
+				if r == "" || strings.HasPrefix(r, "type ") || strings.HasPrefix(r, "comment ") {
+					continue
+				}
+				rules = append(rules, strings.TrimSpace(reComment.ReplaceAllString(r, "")))
+			}
+			s.chains[name] = rules
+		case (strings.HasPrefix(l, "map ") || strings.HasPrefix(l, "set ")) && strings.HasSuffix(l, "{"):
+			name := strings.Trim(strings.TrimSpace(strings.TrimSuffix(l[4:], "{")), `"`)
+			var body []string
+			for i++; i < len(lines); i++ {
+				r := strings.TrimSpace(lines[i])
+				if r == "}" {
+					break
+				}
+				body = append(body, r)
+			}
+			text := strings.Join(body, " ")
+			for _, b := range body {
+				if m := reTimeout.FindStringSubmatch(b); m != nil {
+					n, _ := strconv.Atoi(m[1])
+					s.timeouts[name] = n * map[string]int{"s": 1, "m": 60, "h": 3600, "d": 86400}[m[2]]
+				}
+			}
+			if _, list, ok := strings.Cut(text, "elements = {"); ok {
+				list = strings.TrimSpace(list[:strings.LastIndex(list, "}")])
+				s.elems[name] = parseElements(list)
+			}
+		}
+	}
+	return s
+}
+
+// parseElements splits "k1 comment "c" : v1, k2 : v2" (comments never
+// hold commas: they are Service port names).
+func parseElements(list string) []snapElem {
+	var out []snapElem
+	for _, item := range strings.Split(list, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		var e snapElem
+		if m := reComment.FindStringSubmatch(" " + item); m != nil {
+			e.comment = m[1]
+			item = strings.TrimSpace(reComment.ReplaceAllString(" "+item, ""))
+		}
+		key := item
+		if k, v, ok := strings.Cut(item, " : "); ok {
+			key, e.value = strings.TrimSpace(k), strings.TrimSpace(v)
+		}
+		e.key = splitKey([]string{key})
+		out = append(out, e)
 	}
 	return out
 }

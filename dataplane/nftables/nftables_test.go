@@ -5,16 +5,14 @@ package nftables
 
 import (
 	"context"
-	"fmt"
 	"math"
 	"net/netip"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
-	"github.com/sirupsen/logrus"
-	logtest "github.com/sirupsen/logrus/hooks/test"
 	"sigs.k8s.io/knftables"
 
 	"github.com/steelyard-net/steelyard/dataplane"
@@ -41,7 +39,7 @@ func newTest(t testing.TB, family int) (*Proxier, knftables.Interface) {
 	t.Helper()
 	f := famOf(family)
 	if os.Getenv("STEELYARD_NFT_REAL") == "1" {
-		nft, err := knftables.New(f.nfFamily, TableName)
+		nft, err := knftables.New(f.nfFamily, TableName, knftables.UseNetlink)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -117,43 +115,6 @@ func TestExplainSharesEqualWeights(t *testing.T) {
 	}
 }
 
-func TestRenderedTransaction(t *testing.T) {
-	if os.Getenv("STEELYARD_NFT_REAL") == "1" {
-		t.Skip("compares a Fake dump")
-	}
-	p, nft := newTest(t, 4)
-	s := dataplane.State{Services: []dataplane.ServicePort{
-		svcPort("web", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2", 8080, 10), be("198.19.1.3", 8080, 90), be("198.19.1.4", 8080, 0)),
-		svcPort("empty", "198.18.0.11", 53, dataplane.UDP),
-	}}
-	if _, err := p.Sync(s, dataplane.FullSync); err != nil {
-		t.Fatal(err)
-	}
-	dump := nft.(*knftables.Fake).Dump()
-	for _, want := range []string{
-		"add chain ip steelyard nat-prerouting { type nat hook prerouting priority -100 ; }",
-		"add rule ip steelyard services ip daddr . meta l4proto . th dport vmap @service-ips",
-		"add rule ip steelyard masquerading masquerade fully-random",
-		"add rule ip steelyard no-endpoints-check ip daddr . meta l4proto . th dport @no-endpoint-services reject",
-		"add element ip steelyard no-endpoint-services { 198.18.0.11 . udp . 53 comment \"default/empty:http\" }",
-		"ip saddr != { 198.19.0.0/17 } jump mark-for-masquerade",
-		"numgen random mod 100 < 10 goto ep-",
-		"ip saddr != { 198.19.0.0/17 } jump mark-for-masquerade comment \"default/web:http\"\nadd rule ip steelyard svc-",
-		"meta l4proto tcp dnat to 198.19.1.3:8080",
-		"ip saddr 198.19.1.2 jump mark-for-masquerade",
-	} {
-		if !strings.Contains(dump, want) {
-			t.Errorf("dump lacks %q", want)
-		}
-	}
-	if strings.Contains(dump, "198.19.1.4") {
-		t.Errorf("weight-0 endpoint rendered:\n%s", dump)
-	}
-	if t.Failed() {
-		t.Log(dump)
-	}
-}
-
 func TestPartialSyncWritesOnlyTheChange(t *testing.T) {
 	p, nft := newTest(t, 4)
 	a := svcPort("a", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2", 8080, 1), be("198.19.1.3", 8080, 1))
@@ -166,6 +127,12 @@ func TestPartialSyncWritesOnlyTheChange(t *testing.T) {
 	var ops []string
 	spy := &spyNFT{Interface: nft, onRun: func(tx *knftables.Transaction) { ops = strings.Split(tx.String(), "\n") }}
 	p.nft = spy
+	if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{a, b2}}, dataplane.PartialSync); err != nil {
+		t.Fatal(err)
+	}
+	p.nft = nft
+	// The stale endpoint chain is flushed now and deleted a second later.
+	advance(p, 2*StaleDelay)
 	if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{a, b2}}, dataplane.PartialSync); err != nil {
 		t.Fatal(err)
 	}
@@ -192,8 +159,11 @@ func TestPartialSyncWritesOnlyTheChange(t *testing.T) {
 	}
 	// b goes away, a loses its endpoints: reject.
 	a2 := svcPort("a", "198.18.0.10", 80, dataplane.TCP)
-	if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{a2}}, dataplane.PartialSync); err != nil {
-		t.Fatal(err)
+	for range 2 {
+		if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{a2}}, dataplane.PartialSync); err != nil {
+			t.Fatal(err)
+		}
+		advance(p, 2*StaleDelay)
 	}
 	got = sharesOf(t, p)
 	if len(got) != 1 || got["default/a:http"]["reject"] != 1 {
@@ -227,8 +197,11 @@ func TestFullSyncRemovesStaleChains(t *testing.T) {
 	// A restarted agent knows nothing of what was applied.
 	p2 := NewProxier(nft, p.cfg)
 	p2.textRules = p.textRules
-	if _, err := p2.Sync(dataplane.State{Services: []dataplane.ServicePort{a}}, dataplane.FullSync); err != nil {
-		t.Fatal(err)
+	for range 2 {
+		if _, err := p2.Sync(dataplane.State{Services: []dataplane.ServicePort{a}}, dataplane.FullSync); err != nil {
+			t.Fatal(err)
+		}
+		advance(p2, 2*StaleDelay)
 	}
 	chains, _ := nft.List(t.Context(), "chains")
 	n := 0
@@ -294,32 +267,8 @@ func TestIPv6(t *testing.T) {
 	}
 }
 
-func TestUnsupportedFeaturesWarnOnce(t *testing.T) {
-	if os.Getenv("STEELYARD_NFT_REAL") == "1" {
-		t.Skip("fake only")
-	}
-	hook := logtest.NewLocal(log.Logger)
-	p, _ := newTest(t, 4)
-	sp := svcPort("np", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2", 8080, 1))
-	sp.NodePort, sp.AffinitySeconds = 30080, 10
-	plain := svcPort("plain", "198.18.0.11", 80, dataplane.TCP, be("198.19.1.3", 8080, 1))
-	s := dataplane.State{Services: []dataplane.ServicePort{sp, plain}}
-	for range 3 {
-		if _, err := p.Sync(s, dataplane.PartialSync); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var warns []string
-	for _, e := range hook.AllEntries() {
-		if e.Level == logrus.WarnLevel {
-			warns = append(warns, fmt.Sprint(e.Data["service"], " ", e.Data["unsupported"]))
-		}
-	}
-	if len(warns) != 1 || warns[0] != "default/np:http nodePort, sessionAffinity" {
-		t.Errorf("warnings %q, want one for default/np:http naming nodePort and sessionAffinity", warns)
-	}
-	// The clusterIP is served anyway.
-	if got := sharesOf(t, p)["default/np:http"]; got["198.19.1.2:8080"] != 100 {
-		t.Errorf("shares %v", got)
-	}
+// advance moves p's clock forward by d.
+func advance(p *Proxier, d time.Duration) {
+	now := p.now()
+	p.now = func() time.Time { return now.Add(d) }
 }

@@ -51,7 +51,7 @@ const (
 // "nftables: not yet: ...". Work on the nftables dataplane drops lines
 // here; nothing else in the suite knows.
 var notYet = map[string][]feature{
-	"nftables": {featNodePort, featExternalIP, featLoadBalancer, featLocalPolicy, featAffinity, featCanary, featIPTablesEdits},
+	"nftables": {featCanary, featIPTablesEdits},
 }
 
 // kernelCase is one row of the suite.

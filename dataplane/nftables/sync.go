@@ -1,0 +1,625 @@
+package nftables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"sigs.k8s.io/knftables"
+
+	"github.com/steelyard-net/steelyard/dataplane"
+)
+
+// skeleton adds (and flushes and refills) the fixed chains and sets. The
+// shared maps are only added: their elements belong to the Service ports.
+func (p *Proxier) skeleton(tx *knftables.Transaction) {
+	tx.Add(&knftables.Table{Comment: knftables.PtrTo("steelyard: weighted Service VIPs")})
+	ip := p.f.ip
+	tx.Add(&knftables.Map{Name: mapServiceIPs, Type: p.f.addrType + " . inet_proto . inet_service : verdict"})
+	tx.Add(&knftables.Map{Name: mapServiceNodePorts, Type: "inet_proto . inet_service : verdict"})
+	tx.Add(&knftables.Map{Name: mapNoEndpointServices, Type: p.f.addrType + " . inet_proto . inet_service : verdict"})
+	tx.Add(&knftables.Map{Name: mapNoEndpointNodePorts, Type: "inet_proto . inet_service : verdict"})
+	tx.Add(&knftables.Set{Name: setNodePortIPs, Type: p.f.addrType})
+	tx.Add(&knftables.Set{Name: setClusterCIDRs, Type: p.f.addrType, Flags: []knftables.SetFlag{knftables.IntervalFlag}})
+	tx.Flush(&knftables.Set{Name: setClusterCIDRs})
+	for _, c := range p.familyCIDRs() {
+		tx.Add(&knftables.Element{Set: setClusterCIDRs, Key: []string{c}})
+	}
+	mark := p.cfg.mark()
+	regular := []struct {
+		name  string
+		rules []string
+	}{
+		{chainMarkMasq, []string{"meta mark set meta mark | " + mark}},
+		{chainMasquerading, []string{"meta mark & " + mark + " == 0 return", "meta mark set meta mark ^ " + mark, "masquerade fully-random"}},
+		{chainReject, []string{"reject"}},
+		{chainFilterEndpoints, []string{
+			ip + " daddr . meta l4proto . th dport vmap @" + mapNoEndpointServices,
+			ip + " daddr @" + setNodePortIPs + " meta l4proto . th dport vmap @" + mapNoEndpointNodePorts,
+		}},
+		{chainServices, []string{
+			ip + " daddr . meta l4proto . th dport vmap @" + mapServiceIPs,
+			ip + " daddr @" + setNodePortIPs + " meta l4proto . th dport vmap @" + mapServiceNodePorts,
+		}},
+	}
+	for _, c := range regular {
+		tx.Add(&knftables.Chain{Name: c.name})
+		tx.Flush(&knftables.Chain{Name: c.name})
+		for _, r := range c.rules {
+			tx.Add(&knftables.Rule{Chain: c.name, Rule: r})
+		}
+	}
+	bases := []struct {
+		name string
+		typ  knftables.BaseChainType
+		hook knftables.BaseChainHook
+		prio knftables.BaseChainPriority
+		rule string
+	}{
+		{chainNATPrerouting, knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority, "jump " + chainServices},
+		{chainNATOutput, knftables.NATType, knftables.OutputHook, knftables.DNATPriority, "jump " + chainServices},
+		{chainNATPostrouting, knftables.NATType, knftables.PostroutingHook, knftables.SNATPriority, "jump " + chainMasquerading},
+		{chainFilterInput, knftables.FilterType, knftables.InputHook, knftables.FilterPriority, "ct state new jump " + chainFilterEndpoints},
+		{chainFilterForward, knftables.FilterType, knftables.ForwardHook, knftables.FilterPriority, "ct state new jump " + chainFilterEndpoints},
+		{chainFilterOutput, knftables.FilterType, knftables.OutputHook, knftables.FilterPriority, "ct state new jump " + chainFilterEndpoints},
+	}
+	for _, b := range bases {
+		tx.Add(&knftables.Chain{Name: b.name, Type: knftables.PtrTo(b.typ), Hook: knftables.PtrTo(b.hook), Priority: knftables.PtrTo(b.prio)})
+		tx.Flush(&knftables.Chain{Name: b.name})
+		tx.Add(&knftables.Rule{Chain: b.name, Rule: b.rule})
+	}
+}
+
+// Sync implements dataplane.Dataplane. A partial Sync looks only at the
+// Service ports of req.Changed (the change tracker's set; all of them when
+// it is nil): the other ports are taken as unchanged without comparing
+// them (a port missing from s is deleted either way). The result asks for
+// another Sync when stale objects wait for their delayed deletion.
+//
+// A partial sync writes the objects of the changed ports in one
+// transaction. A full sync (the first, or asked for) lists the table's
+// names over netlink (not "nft list" text), rewrites the fixed chains,
+// repairs the shared maps from their live elements, rewrites every
+// Service port that changed or lost an object, and flushes objects that
+// nothing uses; it runs in transactions of BatchPorts Service ports.
+func (p *Proxier) Sync(s dataplane.State, req dataplane.SyncRequest) (dataplane.SyncResult, error) {
+	if err := p.sync(s, req.Full, req.MayHaveChanged); err != nil {
+		return dataplane.SyncResult{}, err
+	}
+	return dataplane.SyncResult{Full: p.lastFull, RequeueAfter: p.PendingCleanup()}, nil
+}
+
+func (p *Proxier) sync(s dataplane.State, full bool, mayHaveChanged func(dataplane.ServicePortName) bool) error {
+	start := time.Now()
+	full = full || !p.synced
+	ctx, cancel := context.WithTimeout(context.Background(), syncTimeout)
+	defer cancel()
+
+	desired := make(map[dataplane.ServicePortName]*dataplane.ServicePort, len(s.Services))
+	for i := range s.Services {
+		sp := &s.Services[i]
+		if sp.Family() != p.cfg.Family {
+			continue
+		}
+		if _, dup := desired[sp.Name]; dup {
+			log.WithField("service", sp.Name.String()).Warn("Service port listed twice; the first is kept")
+			continue
+		}
+		desired[sp.Name] = sp
+	}
+	// The Service ports to (re)write.
+	var todo []dataplane.ServicePortName
+	for n, sp := range desired {
+		old := p.applied[n]
+		if old == nil || mayHaveChanged(n) && !old.src.Equal(sp) {
+			todo = append(todo, n)
+		}
+	}
+	for n := range p.applied {
+		if desired[n] == nil {
+			todo = append(todo, n)
+		}
+	}
+	var live *liveNames
+	if full {
+		var err error
+		if live, err = p.listLive(ctx); err != nil {
+			return err
+		}
+		// A port whose objects are missing from the kernel is rewritten.
+		for n, old := range p.applied {
+			if desired[n] != nil && !slices.Contains(todo, n) && !live.hasAll(old) {
+				todo = append(todo, n)
+			}
+		}
+	}
+	slices.SortFunc(todo, func(a, b dataplane.ServicePortName) int { return strings.Compare(a.String(), b.String()) })
+
+	w := &writer{p: p, full: full, live: live, seen: map[string]bool{}}
+	tx := p.nft.NewTransaction()
+	nodeIPs := p.nodeAddrs()
+	if full || !p.synced {
+		p.skeleton(tx)
+	}
+	if full || !slices.Equal(nodeIPs, p.nodeIPs) {
+		tx.Flush(&knftables.Set{Name: setNodePortIPs})
+		for _, a := range nodeIPs {
+			tx.Add(&knftables.Element{Set: setNodePortIPs, Key: []string{a}})
+		}
+	}
+	newApplied := make(map[dataplane.ServicePortName]*portObjects, len(desired))
+	for n, o := range p.applied {
+		newApplied[n] = o
+	}
+	newOwner := make(map[string]dataplane.ServicePortName, len(p.owner))
+	for k, v := range p.owner {
+		newOwner[k] = v
+	}
+	w.owner = newOwner
+	ports := 0
+	run := func() error {
+		if tx.NumOperations() == 0 {
+			return nil
+		}
+		// Each transaction has its own timeout: a first sync of 30,000
+		// Services is thirty of them.
+		rctx, rcancel := context.WithTimeout(context.Background(), syncTimeout)
+		defer rcancel()
+		if err := p.nft.Run(rctx, tx); err != nil {
+			p.synced = false // the next sync rewrites everything
+			return fmt.Errorf("nftables: %w", err)
+		}
+		tx = p.nft.NewTransaction()
+		ports = 0
+		return nil
+	}
+	written := 0
+	for _, n := range todo {
+		old := p.applied[n]
+		var o *portObjects
+		if sp := desired[n]; sp != nil {
+			o = p.renderPort(sp)
+		}
+		w.port(tx, n, old, o)
+		if o == nil {
+			delete(newApplied, n)
+		} else {
+			newApplied[n] = o
+		}
+		written++
+		if ports++; ports >= BatchPorts {
+			if err := run(); err != nil {
+				return err
+			}
+			// What is in the kernel now is the new state for these ports.
+			p.applied, p.owner = cloneApplied(newApplied), cloneOwner(newOwner)
+		}
+	}
+	if full {
+		w.repair(tx, newApplied)
+	}
+	w.reap(tx)
+	if err := run(); err != nil {
+		return err
+	}
+	p.applied, p.owner, p.nodeIPs = newApplied, newOwner, nodeIPs
+	for k, t := range w.stale {
+		p.stale[k] = t
+	}
+	for k := range w.reaped {
+		delete(p.stale, k)
+	}
+	p.synced = true
+	p.lastFull = full
+	log.WithFields(logrus.Fields{"full": full, "services": len(newApplied), "written": written, "took": time.Since(start)}).Debug("synced")
+	return nil
+}
+
+func cloneApplied(m map[dataplane.ServicePortName]*portObjects) map[dataplane.ServicePortName]*portObjects {
+	out := make(map[dataplane.ServicePortName]*portObjects, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+func cloneOwner(m map[string]dataplane.ServicePortName) map[string]dataplane.ServicePortName {
+	out := make(map[string]dataplane.ServicePortName, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// liveNames are the names of the table's objects, read over netlink, and
+// the live elements of the shared maps.
+type liveNames struct {
+	chains, maps, sets map[string]bool
+	elems              map[string]elem // by id
+}
+
+func (l *liveNames) hasAll(o *portObjects) bool {
+	for c := range o.chains {
+		if !l.chains[c] {
+			return false
+		}
+	}
+	for m := range o.maps {
+		if !l.maps[m] {
+			return false
+		}
+	}
+	for s := range o.sets {
+		if !l.sets[s] {
+			return false
+		}
+	}
+	return true
+}
+
+func (p *Proxier) listLive(ctx context.Context) (*liveNames, error) {
+	l := &liveNames{chains: map[string]bool{}, maps: map[string]bool{}, sets: map[string]bool{}, elems: map[string]elem{}}
+	for kind, into := range map[string]map[string]bool{"chains": l.chains, "maps": l.maps, "sets": l.sets} {
+		names, err := p.nft.List(ctx, kind)
+		if isNotFound(err) {
+			return l, nil // no table yet
+		}
+		if err != nil {
+			return nil, fmt.Errorf("nftables: list %s: %w", kind, err)
+		}
+		for _, n := range names {
+			into[n] = true
+		}
+	}
+	for _, m := range []string{mapServiceIPs, mapServiceNodePorts, mapNoEndpointServices, mapNoEndpointNodePorts} {
+		if !l.maps[m] {
+			continue
+		}
+		es, err := p.nft.ListElements(ctx, "map", m)
+		if err != nil {
+			return nil, fmt.Errorf("nftables: list map %s: %w", m, err)
+		}
+		for _, e := range es {
+			x := elem{m: m, key: splitKey(e.Key)}
+			if len(e.Value) > 0 {
+				x.value = strings.TrimSpace(strings.Join(e.Value, " . "))
+			}
+			l.elems[x.id()] = x
+		}
+	}
+	return l, nil
+}
+
+// splitKey returns the fields of a concatenated key however it was listed.
+func splitKey(key []string) []string {
+	if len(key) == 1 && strings.Contains(key[0], " . ") {
+		key = strings.Split(key[0], " . ")
+	}
+	out := make([]string, len(key))
+	for i, k := range key {
+		out[i] = strings.TrimSpace(k)
+	}
+	return out
+}
+
+// writer adds the operations of one Sync to its transactions.
+type writer struct {
+	p     *Proxier
+	full  bool
+	live  *liveNames
+	owner map[string]dataplane.ServicePortName
+	// seen are the shared elements a full sync wrote or found right.
+	seen   map[string]bool
+	stale  map[staleKey]time.Time
+	reaped map[staleKey]bool
+}
+
+func (w *writer) markStale(kind, name string) {
+	k := staleKey{kind, name}
+	if _, waiting := w.p.stale[k]; waiting {
+		return // keeps the time it was first flushed
+	}
+	if w.stale == nil {
+		w.stale = map[staleKey]time.Time{}
+	}
+	w.stale[k] = w.p.now()
+}
+
+// revive keeps a name that is used again from being deleted later.
+func (w *writer) revive(kind, name string) {
+	k := staleKey{kind, name}
+	delete(w.stale, k)
+	if _, ok := w.p.stale[k]; ok {
+		if w.reaped == nil {
+			w.reaped = map[staleKey]bool{}
+		}
+		w.reaped[k] = true
+	}
+}
+
+// port writes the difference between old and o (either may be nil) for
+// Service port n. In a full sync every object of o is rewritten.
+func (w *writer) port(tx *knftables.Transaction, n dataplane.ServicePortName, old, o *portObjects) {
+	if old == nil || w.full {
+		old = &portObjects{chains: map[string][]string{}, maps: map[string]*weightMap{}, sets: map[string]int{}, elems: oldElems(old)}
+	}
+	if o == nil {
+		o = &portObjects{chains: map[string][]string{}, maps: map[string]*weightMap{}, sets: map[string]int{}}
+	}
+	comment := knftables.PtrTo(n.String())
+	// 1. New objects, empty, so everything below may refer to them.
+	for _, c := range o.order {
+		if _, ok := old.chains[c]; !ok {
+			tx.Add(&knftables.Chain{Name: c})
+			w.revive("chain", c)
+		}
+	}
+	for _, s := range sortedKeys(o.sets) {
+		if t, ok := old.sets[s]; !ok || t != o.sets[s] {
+			if ok {
+				tx.Delete(&knftables.Set{Name: s}) // the timeout changed: its rules are flushed below
+			}
+			tx.Add(&knftables.Set{Name: s, Type: w.p.f.addrType, Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag},
+				Timeout: knftables.PtrTo(time.Duration(o.sets[s]) * time.Second)})
+			w.revive("set", s)
+		}
+	}
+	for _, m := range sortedKeys(o.maps) {
+		if _, ok := old.maps[m]; !ok {
+			tx.Add(&knftables.Map{Name: m, TypeOf: "numgen random mod 1 . meta l4proto : verdict", Flags: []knftables.SetFlag{knftables.IntervalFlag}})
+			w.revive("map", m)
+		}
+	}
+	// 2. Shared elements that go or change.
+	newElems := map[string]elem{}
+	for _, e := range o.elems {
+		if owner, taken := w.owner[e.id()]; taken && owner != n {
+			log.WithFields(logrus.Fields{"service": n.String(), "entry": e.id(), "kept": owner.String()}).Warn("two Service ports share an entry point; the first is kept")
+			continue
+		}
+		newElems[e.id()] = e
+	}
+	for _, e := range old.elems {
+		if w.owner[e.id()] != n {
+			continue
+		}
+		ne, ok := newElems[e.id()]
+		switch {
+		case ok && (w.full || ne.value == e.value):
+			continue // unchanged, or compared with the kernel below
+		case !w.full:
+			tx.Delete(&knftables.Element{Map: e.m, Key: e.key})
+		}
+		// In a full sync, repair deletes what the kernel still has.
+		delete(w.owner, e.id())
+	}
+	// 3. Chains whose rules changed. A chain the kernel does not have yet
+	// is not flushed: at 10,000 Services the first sync's flushes of new
+	// chains and maps cost as much as the rest of the load.
+	for _, c := range o.order {
+		rs, ok := old.chains[c]
+		if ok && slices.Equal(rs, o.chains[c]) {
+			continue
+		}
+		if w.exists("chain", c, ok) {
+			tx.Flush(&knftables.Chain{Name: c})
+		}
+		for _, r := range o.chains[c] {
+			tx.Add(&knftables.Rule{Chain: c, Rule: r, Comment: comment})
+		}
+	}
+	// 4. Weight maps whose elements changed.
+	for _, m := range sortedKeys(o.maps) {
+		if om, ok := old.maps[m]; ok && slices.Equal(om.elems, o.maps[m].elems) {
+			continue
+		} else if w.exists("map", m, ok) {
+			tx.Flush(&knftables.Map{Name: m})
+		}
+		proto := o.src.VIP.Protocol.Lower()
+		for _, e := range o.maps[m].elems {
+			tx.Add(&knftables.Element{Map: m, Key: []string{e[0], proto}, Value: []string{e[1]}})
+		}
+	}
+	// 5. Shared elements that come.
+	for _, id := range sortedKeys(newElems) {
+		e := newElems[id]
+		w.seen[id] = true
+		if _, mine := w.owner[id]; mine && !w.full {
+			continue // unchanged
+		}
+		if w.full {
+			if le, ok := w.live.elems[id]; ok {
+				if le.value == e.value {
+					w.owner[id] = n
+					continue
+				}
+				tx.Delete(&knftables.Element{Map: e.m, Key: e.key})
+			}
+		}
+		el := &knftables.Element{Map: e.m, Key: e.key, Comment: knftables.PtrTo(n.String() + e.kind)}
+		if e.value != "" {
+			el.Value = []string{e.value}
+		}
+		tx.Add(el)
+		w.owner[id] = n
+	}
+	// 6. Objects no longer used: flushed now, deleted after StaleDelay.
+	for c := range old.chains {
+		if _, ok := o.chains[c]; !ok {
+			tx.Flush(&knftables.Chain{Name: c})
+			w.markStale("chain", c)
+		}
+	}
+	for m := range old.maps {
+		if _, ok := o.maps[m]; !ok {
+			tx.Flush(&knftables.Map{Name: m})
+			w.markStale("map", m)
+		}
+	}
+	for s := range old.sets {
+		if _, ok := o.sets[s]; !ok {
+			w.markStale("set", s)
+		}
+	}
+}
+
+// exists reports whether the kernel may hold an object already: in a full
+// sync, from the names listed; else when the last sync wrote it or it
+// waits, flushed, for deletion.
+func (w *writer) exists(kind, name string, written bool) bool {
+	if w.full {
+		switch kind {
+		case "chain":
+			return w.live.chains[name]
+		case "map":
+			return w.live.maps[name]
+		}
+		return w.live.sets[name]
+	}
+	_, waiting := w.p.stale[staleKey{kind, name}]
+	return written || waiting
+}
+
+// oldElems keeps the shared elements of old for the delete step.
+func oldElems(old *portObjects) []elem {
+	if old == nil {
+		return nil
+	}
+	return old.elems
+}
+
+// repair ends a full sync: shared elements nobody owns are deleted, and
+// per Service objects of the table that no Service port uses are flushed
+// (deleted after StaleDelay): leftovers of a previous run or of hands.
+func (w *writer) repair(tx *knftables.Transaction, applied map[dataplane.ServicePortName]*portObjects) {
+	used := map[string]bool{}
+	for _, n := range sortedPorts(applied) {
+		o := applied[n]
+		for c := range o.chains {
+			used["chain "+c] = true
+		}
+		for m := range o.maps {
+			used["map "+m] = true
+		}
+		for s := range o.sets {
+			used["set "+s] = true
+		}
+		// The elements of ports this sync did not rewrite: compared with
+		// the kernel, written again if they differ.
+		for _, e := range o.elems {
+			if w.seen[e.id()] || w.owner[e.id()] != n {
+				continue
+			}
+			w.seen[e.id()] = true
+			le, ok := w.live.elems[e.id()]
+			if ok && le.value == e.value {
+				continue
+			}
+			if ok {
+				tx.Delete(&knftables.Element{Map: e.m, Key: e.key})
+			}
+			el := &knftables.Element{Map: e.m, Key: e.key, Comment: knftables.PtrTo(n.String() + e.kind)}
+			if e.value != "" {
+				el.Value = []string{e.value}
+			}
+			tx.Add(el)
+		}
+	}
+	for _, id := range sortedKeys(w.live.elems) {
+		if w.seen[id] {
+			continue
+		}
+		e := w.live.elems[id]
+		tx.Delete(&knftables.Element{Map: e.m, Key: e.key})
+	}
+	perPort := func(name string) bool {
+		for _, pfx := range []string{svcPrefix, svlPrefix, extPrefix, fwPrefix, epPrefix, affPrefix, wPrefix + "c-", wPrefix + "l-"} {
+			if strings.HasPrefix(name, pfx) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, c := range sortedKeys(w.live.chains) {
+		if perPort(c) && !used["chain "+c] {
+			tx.Flush(&knftables.Chain{Name: c})
+			w.markStale("chain", c)
+		}
+	}
+	for _, m := range sortedKeys(w.live.maps) {
+		if perPort(m) && !used["map "+m] {
+			tx.Flush(&knftables.Map{Name: m})
+			w.markStale("map", m)
+		}
+	}
+	for _, s := range sortedKeys(w.live.sets) {
+		if perPort(s) && !used["set "+s] {
+			w.markStale("set", s)
+		}
+	}
+}
+
+// reap deletes the stale objects whose StaleDelay has passed: maps and sets
+// first (their elements and rules refer to chains), then chains.
+func (w *writer) reap(tx *knftables.Transaction) {
+	now := w.p.now()
+	var due []staleKey
+	for k, t := range w.p.stale {
+		if now.Sub(t) >= StaleDelay && !w.reaped[k] {
+			if _, again := w.stale[k]; again {
+				continue
+			}
+			due = append(due, k)
+		}
+	}
+	order := map[string]int{"map": 0, "set": 1, "chain": 2}
+	slices.SortFunc(due, func(a, b staleKey) int {
+		if order[a.kind] != order[b.kind] {
+			return order[a.kind] - order[b.kind]
+		}
+		return strings.Compare(a.name, b.name)
+	})
+	for _, k := range due {
+		switch k.kind {
+		case "map":
+			tx.Delete(&knftables.Map{Name: k.name})
+		case "set":
+			tx.Delete(&knftables.Set{Name: k.name})
+		case "chain":
+			tx.Delete(&knftables.Chain{Name: k.name})
+		}
+		if w.reaped == nil {
+			w.reaped = map[staleKey]bool{}
+		}
+		w.reaped[k] = true
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func sortedPorts[V any](m map[dataplane.ServicePortName]V) []dataplane.ServicePortName {
+	out := make([]dataplane.ServicePortName, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.SortFunc(out, func(a, b dataplane.ServicePortName) int { return strings.Compare(a.String(), b.String()) })
+	return out
+}
+
+// isNotFound reports a missing table, as nft or netlink says it.
+func isNotFound(err error) bool {
+	return err != nil && (knftables.IsNotFound(err) || errors.Is(err, syscall.ENOENT) ||
+		strings.Contains(err.Error(), "no such file or directory"))
+}

@@ -1,0 +1,176 @@
+// Command scale-bench measures one dataplane at one size, inside the
+// network namespace it is started in (scripts/bench-scale.sh makes a
+// throwaway one per run, never the root namespace), and prints one JSON
+// line: first sync, one-endpoint partial sync (median of 5), full resync
+// with nothing changed, explain, listing the ruleset, and peak RSS.
+// It prints figures and asserts nothing.
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/steelyard-net/steelyard/dataplane"
+	"github.com/steelyard-net/steelyard/dataplane/iptables"
+	"github.com/steelyard-net/steelyard/dataplane/nftables"
+)
+
+// Result is one measured point; times in seconds.
+type Result struct {
+	Dataplane string  `json:"dataplane"`
+	Services  int     `json:"services"`
+	Endpoints int     `json:"endpoints"`
+	First     float64 `json:"first_sync_s"`
+	Partial   float64 `json:"partial_sync_s"`
+	Full      float64 `json:"full_resync_s"`
+	Explain   float64 `json:"explain_s"`
+	List      float64 `json:"list_s"`
+	RSSMiB    float64 `json:"rss_mib"`
+	// CPU seconds (user + system, this process and its nft children) of
+	// the same steps: what a step costs when other jobs share the cores.
+	FirstCPU   float64 `json:"first_sync_cpu_s"`
+	PartialCPU float64 `json:"partial_sync_cpu_s"`
+	FullCPU    float64 `json:"full_resync_cpu_s"`
+	ExplainCPU float64 `json:"explain_cpu_s"`
+	ListCPU    float64 `json:"list_cpu_s"`
+	// LoadAvg is the 1-minute load average at the end of the run.
+	LoadAvg string `json:"loadavg"`
+}
+
+// cpu returns the CPU seconds used so far by this process and its waited-for
+// children.
+func cpu() float64 {
+	var self, kids syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &self)
+	_ = syscall.Getrusage(syscall.RUSAGE_CHILDREN, &kids)
+	sec := func(t syscall.Timeval) float64 { return float64(t.Sec) + float64(t.Usec)/1e6 }
+	return sec(self.Utime) + sec(self.Stime) + sec(kids.Utime) + sec(kids.Stime)
+}
+
+func main() {
+	services := flag.Int("services", 10000, "number of Services")
+	endpoints := flag.Int("endpoints", 10, "endpoints per Service")
+	dp := flag.String("dataplane", "nftables", "nftables or iptables-legacy")
+	keep := flag.Bool("keep", false, "leave the ruleset in place after the first sync and exit (to inspect it)")
+	batch := flag.Int("batch", nftables.BatchPorts, "nftables: Service ports per transaction of a full sync")
+	flag.Parse()
+	nftables.BatchPorts = *batch
+	logrus.SetLevel(logrus.WarnLevel)
+
+	state := makeState(*services, *endpoints)
+	cidrs := []netip.Prefix{netip.MustParsePrefix("198.19.0.0/16")}
+	var p dataplane.Dataplane
+	var list []string
+	switch *dp {
+	case "nftables":
+		np, err := nftables.NewKernel(nftables.Config{Masquerade: dataplane.Masquerade{ClusterCIDRs: cidrs}})
+		if err != nil {
+			fail(err)
+		}
+		p, list = np, []string{"nft", "list", "ruleset"}
+	case "iptables-legacy":
+		ipt, _, err := iptables.New(iptables.Mode("legacy"))
+		if err != nil {
+			fail(err)
+		}
+		p, list = iptables.NewProxier(ipt, iptables.Config{Masquerade: dataplane.Masquerade{ClusterCIDRs: cidrs}}), []string{"iptables-legacy-save"}
+	default:
+		fail(fmt.Errorf("-dataplane %q: want nftables or iptables-legacy", *dp))
+	}
+	r := Result{Dataplane: *dp, Services: *services, Endpoints: *endpoints}
+	var lastCPU float64
+	timed := func(f func() error) float64 {
+		start, c := time.Now(), cpu()
+		if err := f(); err != nil {
+			fail(err)
+		}
+		lastCPU = cpu() - c
+		return time.Since(start).Seconds()
+	}
+	r.First = timed(func() error { _, err := p.Sync(state, dataplane.FullSync); return err })
+	r.FirstCPU = lastCPU
+	if *keep {
+		fmt.Printf("first sync %.3f s (%.3f s CPU)\n", r.First, r.FirstCPU)
+		return
+	}
+	var partials, partialCPU []float64
+	for i := range 5 {
+		// One endpoint of one Service changes weight.
+		state.Services[*services/2].Backends[0].Weight = float64(2 + i)
+		// The agent passes the tracker's changed set: that one Service.
+		req := dataplane.SyncRequest{Changed: map[dataplane.ServiceName]bool{state.Services[*services/2].Name.Service(): true}}
+		partials = append(partials, timed(func() error { _, err := p.Sync(state, req); return err }))
+		partialCPU = append(partialCPU, lastCPU)
+	}
+	slices.Sort(partials)
+	slices.Sort(partialCPU)
+	r.Partial, r.PartialCPU = partials[len(partials)/2], partialCPU[len(partialCPU)/2]
+	r.Full = timed(func() error { _, err := p.Sync(state, dataplane.FullSync); return err })
+	r.FullCPU = lastCPU
+	r.Explain = timed(func() error {
+		views, err := p.Explain()
+		if err == nil && len(views) < *services {
+			err = fmt.Errorf("explain read %d views, want %d", len(views), *services)
+		}
+		return err
+	})
+	r.ExplainCPU = lastCPU
+	r.List = timed(func() error {
+		cmd := exec.Command(list[0], list[1:]...)
+		cmd.Stdout = nil
+		return cmd.Run()
+	})
+	r.ListCPU = lastCPU
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		r.LoadAvg, _, _ = strings.Cut(string(b), " ")
+	}
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
+		r.RSSMiB = float64(ru.Maxrss) / 1024
+	}
+	if err := p.Cleanup(); err != nil {
+		fail(err)
+	}
+	if err := json.NewEncoder(os.Stdout).Encode(r); err != nil {
+		fail(err)
+	}
+}
+
+// makeState builds n Services with m endpoints each (weights 1..4). VIPs
+// come from 198.18.0.0/16, endpoints from 198.19.0.0/16 (ports vary once
+// the addresses run out).
+func makeState(n, m int) dataplane.State {
+	var s dataplane.State
+	for i := 0; i < n; i++ {
+		vip := [4]byte{198, 18, byte((i + 1) >> 8), byte(i + 1)}
+		sp := dataplane.ServicePort{
+			Name: dataplane.ServicePortName{Namespace: "bench", Name: fmt.Sprintf("svc-%d", i), Port: "http"},
+			VIP:  dataplane.VIP{IP: netip.AddrFrom4(vip), Port: 80, Protocol: dataplane.TCP},
+		}
+		for j := 0; j < m; j++ {
+			k := i*m + j
+			ip := [4]byte{198, 19, byte((k % 65000) >> 8), byte(k % 65000)}
+			sp.Backends = append(sp.Backends, dataplane.Backend{
+				IP: netip.AddrFrom4(ip), Port: uint16(8080 + k/65000), Weight: float64(1 + j%4), Ready: true, Serving: true,
+			})
+		}
+		s.Services = append(s.Services, sp)
+	}
+	s.Sort()
+	return s
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "scale-bench:", err)
+	os.Exit(1)
+}
