@@ -157,4 +157,3 @@ func filesTar(specs []string) ([]byte, error) {
 	}
 	return buf.Bytes(), nil
 }
-
