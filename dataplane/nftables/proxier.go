@@ -246,7 +246,9 @@ func (p *Proxier) Cleanup() error {
 	}
 	tx := p.nft.NewTransaction()
 	tx.Delete(&knftables.Table{})
-	if err := p.nft.Run(ctx, tx); err != nil {
+	// Listing over netlink finds no error for a missing table, so the
+	// delete can be the first to say it is gone: nothing to clean then.
+	if err := p.nft.Run(ctx, tx); err != nil && !isNotFound(err) {
 		return fmt.Errorf("nftables: delete table: %w", err)
 	}
 	p.applied = map[dataplane.ServicePortName]*portObjects{}

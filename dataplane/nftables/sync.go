@@ -621,5 +621,5 @@ func sortedPorts[V any](m map[dataplane.ServicePortName]V) []dataplane.ServicePo
 // isNotFound reports a missing table, as nft or netlink says it.
 func isNotFound(err error) bool {
 	return err != nil && (knftables.IsNotFound(err) || errors.Is(err, syscall.ENOENT) ||
-		strings.Contains(err.Error(), "no such file or directory"))
+		strings.Contains(strings.ToLower(err.Error()), "no such file or directory"))
 }
