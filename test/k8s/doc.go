@@ -13,9 +13,7 @@
 //
 // TestMain builds cmd/steelyard once unless $STEELYARD_BIN names a binary.
 // $STEELYARD_MODE (iptables by default, or nftables) is the --mode of every
-// agent and CLI command; `make k8s` runs the suite in both. In nftables
-// mode notYetNFTables skips the tests that need features that dataplane
-// does not serve yet.
+// agent and CLI command; `make k8s` runs the whole suite in both.
 //
 // Each test starts its own control plane (fresh etcd data) and sandbox. The
 // API server listens on 127.0.0.1 of the test's own network namespace; the

@@ -64,15 +64,6 @@ func testMain(m *testing.M) int {
 // suite once per mode.
 var agentMode = "iptables"
 
-// notYetNFTables skips the test in nftables mode when it needs features
-// the nftables dataplane does not serve yet (the one place that says so
-// for this suite).
-func notYetNFTables(t *testing.T, features string) {
-	if agentMode == "nftables" {
-		t.Skipf("nftables: not yet: %s", features)
-	}
-}
-
 // Names shared by the tests.
 const (
 	testNS      = "k8s"

@@ -28,7 +28,6 @@ import (
 )
 
 func TestParityFromTheAPIServer(t *testing.T) {
-	notYetNFTables(t, "load-balancer IPs, externalTrafficPolicy Local, sessionAffinity, node ports")
 	e := newEnv(t)
 	ctx := t.Context()
 	// This node, with its zone and primary address.
