@@ -272,3 +272,33 @@ func advance(p *Proxier, d time.Duration) {
 	now := p.now()
 	p.now = func() time.Time { return now.Add(d) }
 }
+
+// "nft flush ruleset" (or a deleted table) between syncs: the next partial
+// sync finds the table gone, goes full, says so, and everything is back.
+func TestPartialSyncAfterFlushGoesFull(t *testing.T) {
+	p, nft := newTest(t, 4)
+	st := dataplane.State{Services: []dataplane.ServicePort{svcPort("a", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2", 8080, 1), be("198.19.1.3", 8080, 9))}}
+	if _, err := p.Sync(st, dataplane.FullSync); err != nil {
+		t.Fatal(err)
+	}
+	res, err := p.Sync(st, dataplane.SyncRequest{Changed: map[dataplane.ServiceName]bool{}})
+	if err != nil || res.Full {
+		t.Fatalf("nothing changed: result %+v, %v; want partial", res, err)
+	}
+	tx := nft.NewTransaction()
+	tx.Delete(&knftables.Table{})
+	if err := nft.Run(context.Background(), tx); err != nil {
+		t.Fatal(err)
+	}
+	res, err = p.Sync(st, dataplane.SyncRequest{Changed: map[dataplane.ServiceName]bool{}})
+	if err != nil || !res.Full {
+		t.Fatalf("after a flush: result %+v, %v; want full", res, err)
+	}
+	live, err := p.Explain()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := dataplane.Diff(dataplane.Expected(st), live); len(diff) > 0 {
+		t.Errorf("not repaired:\n%s", strings.Join(diff, "\n"))
+	}
+}

@@ -155,6 +155,9 @@ type Proxier struct {
 	lastFull bool
 	// textRules reads rules with "nft list table" (the real nft).
 	textRules bool
+	// tableExists, when set, tells whether the table is there (netlink,
+	// for the real kernel); nil: ask nft (the fake).
+	tableExists func() (bool, error)
 	now       func() time.Time
 }
 
@@ -190,6 +193,7 @@ func NewKernel(cfg Config) (*Proxier, error) {
 	}
 	p := NewProxier(nft, cfg)
 	p.textRules = true
+	p.tableExists = netlinkTableExists(p.cfg.Family)
 	return p, nil
 }
 

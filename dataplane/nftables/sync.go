@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/steelyard-net/steelyard/dataplane"
+	"github.com/steelyard-net/steelyard/internal/execx"
 )
 
 // skeleton adds (and flushes and refills) the fixed chains and sets. The
@@ -97,8 +98,17 @@ func (p *Proxier) Sync(s dataplane.State, req dataplane.SyncRequest) (dataplane.
 func (p *Proxier) sync(s dataplane.State, full bool, mayHaveChanged func(dataplane.ServicePortName) bool) error {
 	start := time.Now()
 	full = full || !p.synced
-	ctx, cancel := context.WithTimeout(context.Background(), syncTimeout)
+	// Under the agent's shutdown context: SIGTERM kills an nft in flight
+	// (a killed transaction commits nothing).
+	ctx, cancel := context.WithTimeout(execx.Context(), syncTimeout)
 	defer cancel()
+	if !full && !p.tableThere(ctx) {
+		// "nft flush ruleset" or a deleted table: every object is gone and
+		// a partial sync would write only what changed (the iptables mode's
+		// canary rule, here the table itself).
+		log.Warn("table steelyard is gone (flushed?): full resync")
+		full = true
+	}
 
 	desired := make(map[dataplane.ServicePortName]*dataplane.ServicePort, len(s.Services))
 	for i := range s.Services {
@@ -168,7 +178,7 @@ func (p *Proxier) sync(s dataplane.State, full bool, mayHaveChanged func(datapla
 		}
 		// Each transaction has its own timeout: a first sync of 30,000
 		// Services is thirty of them.
-		rctx, rcancel := context.WithTimeout(context.Background(), syncTimeout)
+		rctx, rcancel := context.WithTimeout(execx.Context(), syncTimeout)
 		defer rcancel()
 		if err := p.nft.Run(rctx, tx); err != nil {
 			p.synced = false // the next sync rewrites everything

@@ -23,11 +23,6 @@ type chaosMode struct {
 	flush [][]string
 }
 
-// nftablesRepairsFlush is false while the nftables dataplane has no canary:
-// TestChaosFlush measured it not repairing `nft flush ruleset` in 6 s with
-// a 2 s sync period. Set it to true when it does.
-const nftablesRepairsFlush = false
-
 func chaosModes() []chaosMode {
 	ipt := func(flavour string) [][]string {
 		var cmds [][]string
@@ -101,9 +96,6 @@ func TestChaosFlush(t *testing.T) {
 	const period = 2 * time.Second
 	for _, m := range chaosModes() {
 		t.Run(m.name, func(t *testing.T) {
-			if m.name == "nftables" && !nftablesRepairsFlush {
-				t.Skip("known bug: the nftables dataplane does not notice a flushed ruleset (no canary; periodic syncs write only changes), so it is repaired only by the next full sync (--full-sync-period, 1 h); see docs/chaos.md")
-			}
 			f := newFixture(t, modeNamed(t, m.name))
 			f.addPods(webService)
 			f.write("web.yaml", webService)
