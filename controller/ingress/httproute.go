@@ -150,7 +150,7 @@ func renderHTTPRoutes(routes []HTTPRoute, dir string, reserved []int, keepalive 
 			r.problem(hr, "skipped: "+err.Error())
 			continue
 		}
-		r.upstreams(i, hr)
+		served := false
 		for _, at := range hr.Attach {
 			if r.reserved[at.Port] {
 				r.problem(hr, fmt.Sprintf("listener %s: port %d is the Ingress port; HTTPRoutes need a listener on another port", at.Listener, at.Port))
@@ -163,6 +163,10 @@ func renderHTTPRoutes(routes []HTTPRoute, dir string, reserved []int, keepalive 
 			for _, h := range hosts {
 				byPort[at.Port] = append(byPort[at.Port], candidates(hr, i, h, at.Port)...)
 			}
+			served = true
+		}
+		if served {
+			r.upstreams(i, hr)
 		}
 	}
 	ports := make([]int32, 0, len(byPort))
@@ -350,7 +354,7 @@ func (r *httpRenderer) server(p int32, host string, cands []*candidate) {
 		}
 		for _, c := range l.cands {
 			used[c.id()] = c
-			target := quote(internalPrefix + c.id() + "$uri")
+			target := valueQuote(internalPrefix + c.id() + "$uri")
 			v := r.condVar(c)
 			if v == "" {
 				fmt.Fprintf(&r.b, "            rewrite ^ %s last; # %s\n", target, comment(c.route.Route.Namespace+"/"+c.route.Route.Name))

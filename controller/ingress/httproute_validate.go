@@ -26,7 +26,7 @@ var (
 	headerValueRE = regexp.MustCompile(`^[A-Za-z0-9 ._~:/?=&,+*!@()\[\]%<>|^-]*$`)
 	// Words nginx's map reads as parameters, not values.
 	mapKeywords = map[string]bool{"default": true, "hostnames": true, "include": true, "volatile": true}
-	methods       = map[gwv1.HTTPMethod]bool{"GET": true, "HEAD": true, "POST": true, "PUT": true, "DELETE": true, "CONNECT": true, "OPTIONS": true, "TRACE": true, "PATCH": true}
+	methods     = map[gwv1.HTTPMethod]bool{"GET": true, "HEAD": true, "POST": true, "PUT": true, "DELETE": true, "CONNECT": true, "OPTIONS": true, "TRACE": true, "PATCH": true}
 )
 
 // ValidateHTTPRoute checks every value of an HTTPRoute that would reach
