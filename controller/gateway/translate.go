@@ -14,6 +14,7 @@ import (
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/steelyard-net/steelyard/controller"
+	"github.com/steelyard-net/steelyard/controller/ingress"
 	"github.com/steelyard-net/steelyard/dataplane"
 )
 
@@ -34,8 +35,10 @@ type Input struct {
 	Gateways  []*gwv1.Gateway
 	TCPRoutes []*gwv1.TCPRoute
 	UDPRoutes []*gwv1.UDPRoute
-	Grants    []*gwv1.ReferenceGrant
-	Services  []*corev1.Service
+	// HTTPRoutes attach to HTTP listeners and are served by nginx.
+	HTTPRoutes []*gwv1.HTTPRoute
+	Grants     []*gwv1.ReferenceGrant
+	Services   []*corev1.Service
 	// Namespaces are the cluster's Namespaces, for listeners that allow
 	// routes from namespaces selected by label.
 	Namespaces []*corev1.Namespace
@@ -56,6 +59,9 @@ type Result struct {
 	// statuses we own (controllerName ours); others' entries are kept by
 	// the writer.
 	RouteParents map[string][]gwv1.RouteParentStatus
+	// HTTP holds the HTTPRoutes attached to our HTTP listeners, for the
+	// nginx layer (ingress.Input.HTTPRoutes).
+	HTTP []ingress.HTTPRoute
 }
 
 // route is a TCPRoute or UDPRoute, seen the same way.
@@ -75,7 +81,10 @@ type listener struct {
 	spec  gwv1.Listener
 	proto dataplane.Protocol
 	// valid is false when the listener cannot carry routes.
-	valid    bool
+	valid bool
+	// http marks an HTTP listener: its routes are HTTPRoutes, served by
+	// nginx, never by kernel rules.
+	http     bool
 	kinds    []gwv1.RouteGroupKind
 	attached int32
 	// route is the route that holds the listener (the oldest attached).
@@ -149,6 +158,8 @@ func Translate(in Input) Result {
 		}
 	}
 
+	translateHTTP(in, listeners, svcs, nsLabels, &res)
+
 	for _, g := range gws {
 		res.Gateways[nn(&g.ObjectMeta)] = gatewayStatus(g, addrs[nn(&g.ObjectMeta)], listeners[nn(&g.ObjectMeta)])
 	}
@@ -195,14 +206,16 @@ func withGen(c metav1.Condition, gen int64) metav1.Condition {
 
 // defaultKinds are the route kinds a listener of each protocol accepts.
 var defaultKinds = map[gwv1.ProtocolType]string{
-	gwv1.TCPProtocolType: KindTCPRoute,
-	gwv1.UDPProtocolType: KindUDPRoute,
+	gwv1.TCPProtocolType:  KindTCPRoute,
+	gwv1.UDPProtocolType:  KindUDPRoute,
+	gwv1.HTTPProtocolType: KindHTTPRoute,
 }
 
 // gatewayListeners checks each listener of g: protocol, kinds, conflicts.
 func gatewayListeners(g *gwv1.Gateway) []*listener {
 	var out []*listener
 	seen := map[string]bool{}
+	httpPorts := map[string]bool{} // ports held by HTTP listeners
 	gen := g.Generation
 	group := gwv1.Group(gwv1.GroupName)
 	for _, l := range g.Spec.Listeners {
@@ -223,6 +236,7 @@ func gatewayListeners(g *gwv1.Gateway) []*listener {
 		if l.Protocol == gwv1.UDPProtocolType {
 			li.proto = dataplane.UDP
 		}
+		li.http = l.Protocol == gwv1.HTTPProtocolType
 		refsOK, refsReason, refsMsg := true, string(gwv1.ListenerReasonResolvedRefs), ""
 		if l.AllowedRoutes != nil && len(l.AllowedRoutes.Kinds) > 0 {
 			for _, k := range l.AllowedRoutes.Kinds {
@@ -241,7 +255,22 @@ func gatewayListeners(g *gwv1.Gateway) []*listener {
 		// Two listeners of one Gateway on the same port and protocol
 		// cannot both be served: no hostname tells L4 traffic apart.
 		k := fmt.Sprintf("%d/%s", l.Port, li.proto)
-		conflicted := seen[k]
+		conflicted := seen[k] && !(li.http && httpPorts[k])
+		if li.http {
+			// HTTP listeners on one port differ by hostname (nginx's
+			// server_name); the same hostname twice conflicts.
+			h := ""
+			if l.Hostname != nil {
+				h = string(*l.Hostname)
+			}
+			conflicted = conflicted || seen[k+"/"+h]
+			seen[k+"/"+h] = true
+			if !seen[k] {
+				httpPorts[k] = true
+			}
+		} else {
+			conflicted = conflicted || httpPorts[k]
+		}
 		seen[k] = true
 		li.valid = !conflicted && len(li.kinds) > 0
 		conflict := cond(string(gwv1.ListenerConditionConflicted), false, string(gwv1.ListenerReasonNoConflicts), "", gen)
@@ -373,7 +402,7 @@ func attach(r *route, pr gwv1.ParentReference, refs []controller.RouteBackend, l
 			continue
 		}
 		matched++
-		if !l.valid || l.proto != r.proto || !kindAllowed(l, r.kind) || !namespaceAllowed(l, r.meta.Namespace, nsLabels) {
+		if !l.valid || l.http || l.proto != r.proto || !kindAllowed(l, r.kind) || !namespaceAllowed(l, r.meta.Namespace, nsLabels) {
 			continue
 		}
 		allowed++
