@@ -53,6 +53,7 @@ func TestHTTPRouteStatus(t *testing.T) {
 		TCPRoutes: []*gwv1.TCPRoute{tcpRoute("tcponhttp", 0, web, backendRef("s1", 1))},
 		Services:  []*corev1.Service{svc("s1", "198.18.0.1", nil), svc("s2", "198.18.0.2", nil)},
 		Pool:      netip.MustParsePrefix("198.18.200.0/30"),
+		HTTP:      true,
 	}
 	res := Translate(in)
 	for _, c := range []struct{ route, typ, status, reason string }{

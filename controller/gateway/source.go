@@ -39,6 +39,9 @@ const (
 // StatusWriter, which writes only on the leader.
 type Source struct {
 	pool netip.Prefix
+	// ServeHTTP makes HTTP listeners accept HTTPRoutes (the nginx layer
+	// runs); set it before Start.
+	ServeHTTP bool
 
 	gwFactory   gwinformers.SharedInformerFactory
 	kubeFactory informers.SharedInformerFactory
@@ -144,7 +147,7 @@ func addrValues(as []gwv1.GatewayStatusAddress) []string {
 
 // Snapshot reads every object the translation needs from the informers.
 func (s *Source) Snapshot(svcs []*corev1.Service) Input {
-	in := Input{Services: svcs, Pool: s.pool}
+	in := Input{Services: svcs, Pool: s.pool, HTTP: s.ServeHTTP}
 	var err error
 	if in.Classes, err = s.classes.List(labels.Everything()); err != nil {
 		log.WithError(err).Warn("listing GatewayClasses")

@@ -42,6 +42,9 @@ type Input struct {
 	// Namespaces are the cluster's Namespaces, for listeners that allow
 	// routes from namespaces selected by label.
 	Namespaces []*corev1.Namespace
+	// HTTP is true when the nginx layer serves HTTP listeners (steelyard
+	// run --gateway --ingress); without it they are UnsupportedProtocol.
+	HTTP bool
 	// Pool is the --gateway-address-pool: Gateways without spec.addresses
 	// get one address from it. Invalid (zero) for none.
 	Pool netip.Prefix
@@ -126,7 +129,7 @@ func Translate(in Input) Result {
 
 	listeners := map[types.NamespacedName][]*listener{}
 	for _, g := range gws {
-		listeners[nn(&g.ObjectMeta)] = gatewayListeners(g)
+		listeners[nn(&g.ObjectMeta)] = gatewayListeners(g, in.HTTP)
 	}
 
 	var routes []*route
@@ -212,7 +215,7 @@ var defaultKinds = map[gwv1.ProtocolType]string{
 }
 
 // gatewayListeners checks each listener of g: protocol, kinds, conflicts.
-func gatewayListeners(g *gwv1.Gateway) []*listener {
+func gatewayListeners(g *gwv1.Gateway, http bool) []*listener {
 	var out []*listener
 	seen := map[string]bool{}
 	httpPorts := map[string]bool{} // ports held by HTTP listeners
@@ -222,9 +225,13 @@ func gatewayListeners(g *gwv1.Gateway) []*listener {
 		li := &listener{gw: g, spec: l}
 		out = append(out, li)
 		kind, supported := defaultKinds[l.Protocol]
+		msg := fmt.Sprintf("protocol %s is not supported by steelyard's L4 layer", l.Protocol)
+		if l.Protocol == gwv1.HTTPProtocolType && !http {
+			supported, msg = false, "HTTP listeners are served by steelyard's nginx layer: run the agents with --gateway and --ingress"
+		}
 		if !supported {
 			li.cond = []metav1.Condition{
-				cond(string(gwv1.ListenerConditionAccepted), false, string(gwv1.ListenerReasonUnsupportedProtocol), fmt.Sprintf("protocol %s is not supported by steelyard's L4 layer", l.Protocol), gen),
+				cond(string(gwv1.ListenerConditionAccepted), false, string(gwv1.ListenerReasonUnsupportedProtocol), msg, gen),
 				cond(string(gwv1.ListenerConditionProgrammed), false, string(gwv1.ListenerReasonInvalid), "listener not accepted", gen),
 				cond(string(gwv1.ListenerConditionResolvedRefs), true, string(gwv1.ListenerReasonResolvedRefs), "", gen),
 				cond(string(gwv1.ListenerConditionConflicted), false, string(gwv1.ListenerReasonNoConflicts), "", gen),
