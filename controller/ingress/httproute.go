@@ -387,7 +387,9 @@ func (r *httpRenderer) condVar(c *candidate) string {
 		if !ok {
 			v = fmt.Sprintf("$sy_c%d", len(r.conds))
 			r.conds[k] = v
-			fmt.Fprintf(&r.maps, "\n    map %s %s {\n        %s 1;\n        default 0;\n    }\n", src, v, valueQuote(value))
+			// A regex, because nginx compares map strings without case
+			// and the spec's Exact match is case-sensitive.
+			fmt.Fprintf(&r.maps, "\n    map %s %s {\n        %s 1;\n        default 0;\n    }\n", src, v, valueQuote("~^"+regexLiteral(value)+"$"))
 		}
 		vars = append(vars, v)
 	}
@@ -414,6 +416,21 @@ func (r *httpRenderer) condVar(c *candidate) string {
 		fmt.Fprintf(&r.maps, "\n    map \"%s\" %s {\n        %s 1;\n        default 0;\n    }\n", key, v, strings.Repeat("1", len(vars)))
 	}
 	return v
+}
+
+// regexLiteral writes a validated value as a regex matching exactly it:
+// every character but letters and digits goes into brackets (headerValueRE
+// admits none of '[', ']', '^' or '\\', which brackets could not hold).
+func regexLiteral(v string) string {
+	var b strings.Builder
+	for _, ch := range v {
+		if ch < 0x80 && (ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9') {
+			b.WriteRune(ch)
+		} else {
+			b.WriteString("[" + string(ch) + "]")
+		}
+	}
+	return b.String()
 }
 
 // regexPath writes a validated path as a regex: its only metacharacters

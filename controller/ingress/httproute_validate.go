@@ -23,10 +23,8 @@ var (
 	queryNameRE = regexp.MustCompile(`^[A-Za-z0-9_]{1,128}$`)
 	// Header and query values: printable ASCII and spaces, without the
 	// characters above.
-	headerValueRE = regexp.MustCompile(`^[A-Za-z0-9 ._~:/?=&,+*!@()\[\]%<>|^-]*$`)
-	// Words nginx's map reads as parameters, not values.
-	mapKeywords = map[string]bool{"default": true, "hostnames": true, "include": true, "volatile": true}
-	methods     = map[gwv1.HTTPMethod]bool{"GET": true, "HEAD": true, "POST": true, "PUT": true, "DELETE": true, "CONNECT": true, "OPTIONS": true, "TRACE": true, "PATCH": true}
+	headerValueRE = regexp.MustCompile(`^[A-Za-z0-9 ._~:/?=&,+*!@()%<>|-]*$`)
+	methods       = map[gwv1.HTTPMethod]bool{"GET": true, "HEAD": true, "POST": true, "PUT": true, "DELETE": true, "CONNECT": true, "OPTIONS": true, "TRACE": true, "PATCH": true}
 )
 
 // ValidateHTTPRoute checks every value of an HTTPRoute that would reach
@@ -88,7 +86,7 @@ func validRule(rule gwv1.HTTPRouteRule) error {
 			if !queryNameRE.MatchString(string(q.Name)) {
 				return fmt.Errorf("query param name %q: want letters, digits and _", q.Name)
 			}
-			if len(q.Value) > 1024 || !headerValueRE.MatchString(q.Value) || strings.HasPrefix(q.Value, "~") || mapKeywords[q.Value] {
+			if len(q.Value) > 1024 || !headerValueRE.MatchString(q.Value) {
 				return fmt.Errorf("query param %s value %q: unsupported characters", q.Name, q.Value)
 			}
 		}
@@ -203,9 +201,6 @@ func validModifier(m *gwv1.HTTPPathModifier, prefixOnly bool) error {
 func validHeader(name, value string) error {
 	if !headerNameRE.MatchString(name) {
 		return fmt.Errorf("header name %q: want letters, digits and -", name)
-	}
-	if strings.HasPrefix(value, "~") || mapKeywords[value] {
-		return fmt.Errorf("header %s value %q: a leading ~ and the words default, hostnames, include and volatile are not supported", name, value)
 	}
 	if len(value) > 1024 || !headerValueRE.MatchString(value) {
 		return fmt.Errorf("header %s value %q: unsupported characters (no quotes, \\, $, ;, {, }, # or control characters)", name, value)
