@@ -247,6 +247,46 @@ func TestHTTPRoute(t *testing.T) {
 			t.Errorf("good route after the bad one: %d %q", resp.StatusCode, body)
 		}
 	})
+
+	t.Run("ReloadsOnlyOnTextChange", func(t *testing.T) {
+		const reloads = "steelyard_ingress_nginx_reloads_total"
+		r0, err := w.Metric(reloads)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Endpoint churn behind a VIP: the kernel changes (an L4 sync),
+		// nginx does not. (Which pod answers cannot show it: nginx keeps
+		// its upstream connections to the VIP alive.)
+		for _, pods := range [][]string{{"a", "c"}, {"a"}} {
+			synced := strings.Count(w.Agent.Log(), "msg=synced")
+			if err := w.SetEndpoints(ctx, "s-a", pods...); err != nil {
+				t.Fatal(err)
+			}
+			poll(t, 15*time.Second, 50*time.Millisecond, "the L4 sync of the endpoint change", func() (bool, string) {
+				return strings.Count(w.Agent.Log(), "msg=synced") > synced, "no new synced line"
+			})
+		}
+		time.Sleep(time.Second)
+		if r1, _ := w.Metric(reloads); r1 != r0 {
+			t.Errorf("endpoint churn reloaded nginx: %v -> %v reloads", r0, r1)
+		}
+		// A route change changes the text: one reload.
+		r, err := gc.GatewayV1().HTTPRoutes(harness.Namespace).Get(ctx, "split", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Spec.Rules[0].BackendRefs[1].Weight = ptr.To[int32](80)
+		if _, err := gc.GatewayV1().HTTPRoutes(harness.Namespace).Update(ctx, r, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		poll(t, 15*time.Second, 50*time.Millisecond, "a reload for the weight change", func() (bool, string) {
+			r2, _ := w.Metric(reloads)
+			return r2 >= r0+1, fmt.Sprint(r2)
+		})
+		if r2, _ := w.Metric(reloads); r2 != r0+1 {
+			t.Errorf("a weight change: %v reloads, want %v", r2, r0+1)
+		}
+	})
 }
 
 // gatewayClient sends every request from the client namespace to the
