@@ -121,7 +121,8 @@ func attachHTTP(hr *gwv1.HTTPRoute, pr gwv1.ParentReference, invalid error, list
 		}
 		hosted++
 		l.attached++
-		out.Attach = append(out.Attach, ingress.HTTPAttachment{Port: int32(l.spec.Port), Hostnames: hosts, Listener: ns + "/" + string(pr.Name) + "/" + string(l.spec.Name)})
+		out.Attach = append(out.Attach, ingress.HTTPAttachment{Port: int32(l.spec.Port), Hostnames: hosts, Listener: ns + "/" + string(pr.Name) + "/" + string(l.spec.Name),
+			TLSSecret: l.tlsSecret})
 	}
 	switch {
 	case matched == 0:
@@ -172,4 +173,36 @@ func intersectHostnames(lh *gwv1.Hostname, route []gwv1.Hostname) ([]string, boo
 // or a longer wildcard).
 func wildcardCovers(w, n string) bool {
 	return strings.HasPrefix(w, "*.") && len(n) > len(w)-1 && strings.HasSuffix(n, w[1:])
+}
+
+// listenerSecret checks an HTTPS listener's TLS settings and returns its
+// certificate Secret ("namespace/name"), or "" with the ResolvedRefs reason
+// and message. The Secret's content is checked by the nginx renderer.
+func listenerSecret(g *gwv1.Gateway, l gwv1.Listener, grants []*gwv1.ReferenceGrant) (string, string, string) {
+	if l.TLS == nil || len(l.TLS.CertificateRefs) == 0 {
+		return "", string(gwv1.ListenerReasonInvalidCertificateRef), "an HTTPS listener needs tls.certificateRefs"
+	}
+	if l.TLS.Mode != nil && *l.TLS.Mode != gwv1.TLSModeTerminate {
+		return "", string(gwv1.ListenerReasonInvalidCertificateRef), "only tls.mode Terminate is supported on HTTPS listeners"
+	}
+	ref := l.TLS.CertificateRefs[0]
+	if (ref.Group != nil && *ref.Group != "") || (ref.Kind != nil && *ref.Kind != "Secret") {
+		return "", string(gwv1.ListenerReasonInvalidCertificateRef), "certificateRefs[0]: only core Secrets are supported"
+	}
+	ns := g.Namespace
+	if ref.Namespace != nil {
+		ns = string(*ref.Namespace)
+	}
+	if ns != g.Namespace && !slices.ContainsFunc(grants, func(gr *gwv1.ReferenceGrant) bool {
+		return gr.Namespace == ns &&
+			slices.ContainsFunc(gr.Spec.From, func(f gwv1.ReferenceGrantFrom) bool {
+				return f.Group == gwv1.GroupName && f.Kind == kindGateway && string(f.Namespace) == g.Namespace
+			}) &&
+			slices.ContainsFunc(gr.Spec.To, func(t gwv1.ReferenceGrantTo) bool {
+				return t.Group == "" && t.Kind == "Secret" && (t.Name == nil || *t.Name == ref.Name)
+			})
+	}) {
+		return "", string(gwv1.ListenerReasonRefNotPermitted), fmt.Sprintf("Secret %s/%s: no ReferenceGrant in %s allows it", ns, ref.Name, ns)
+	}
+	return ns + "/" + string(ref.Name), string(gwv1.ListenerReasonResolvedRefs), ""
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -129,5 +130,51 @@ func TestIntersectHostnames(t *testing.T) {
 		if ok != c.ok || !slices.Equal(got, c.want) {
 			t.Errorf("%v %v: %v %v, want %v %v", c.l, c.route, got, ok, c.want, c.ok)
 		}
+	}
+}
+
+// TestHTTPSListeners: certificateRefs resolve to a Secret of the Gateway's
+// namespace (another one needs a ReferenceGrant from Gateways); attached
+// routes carry the Secret to the nginx layer.
+func TestHTTPSListeners(t *testing.T) {
+	certRef := func(ns, name string) *gwv1.ListenerTLSConfig {
+		r := gwv1.SecretObjectReference{Name: gwv1.ObjectName(name)}
+		if ns != "" {
+			r.Namespace = ptr.To(gwv1.Namespace(ns))
+		}
+		return &gwv1.ListenerTLSConfig{CertificateRefs: []gwv1.SecretObjectReference{r}}
+	}
+	in := Input{
+		Classes: []*gwv1.GatewayClass{class()},
+		Gateways: []*gwv1.Gateway{gw("gw", 0,
+			gwv1.Listener{Name: "good", Protocol: gwv1.HTTPSProtocolType, Port: 8443, TLS: certRef("", "cert")},
+			gwv1.Listener{Name: "none", Protocol: gwv1.HTTPSProtocolType, Port: 8444},
+			gwv1.Listener{Name: "cross", Protocol: gwv1.HTTPSProtocolType, Port: 8445, TLS: certRef("other", "cert")})},
+		HTTPRoutes: []*gwv1.HTTPRoute{httpRoute("r", 0, nil, gwv1.ParentReference{Name: "gw"}, backendRef("s1", 1))},
+		Services:   []*corev1.Service{svc("s1", "198.18.0.1", nil)},
+		Pool:       netip.MustParsePrefix("198.18.200.0/30"),
+		HTTP:       true,
+	}
+	res := Translate(in)
+	gs := res.Gateways[types.NamespacedName{Namespace: ns, Name: "gw"}]
+	for i, want := range []string{"ResolvedRefs", "InvalidCertificateRef", "RefNotPermitted"} {
+		if c := condOf(t, gs.Listeners[i].Conditions, "ResolvedRefs"); c.Reason != want {
+			t.Errorf("listener %s: ResolvedRefs %s (%s), want %s", gs.Listeners[i].Name, c.Reason, c.Message, want)
+		}
+	}
+	if len(res.HTTP) != 1 || len(res.HTTP[0].Attach) != 1 || res.HTTP[0].Attach[0].TLSSecret != ns+"/cert" || res.HTTP[0].Attach[0].Port != 8443 {
+		t.Errorf("attachments %+v", res.HTTP)
+	}
+	// With a grant from Gateways in ns, the cross-namespace Secret resolves.
+	in.Grants = []*gwv1.ReferenceGrant{{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "other", Name: "g"},
+		Spec: gwv1.ReferenceGrantSpec{
+			From: []gwv1.ReferenceGrantFrom{{Group: gwv1.GroupName, Kind: "Gateway", Namespace: ns}},
+			To:   []gwv1.ReferenceGrantTo{{Group: "", Kind: "Secret"}},
+		},
+	}}
+	gs = Translate(in).Gateways[types.NamespacedName{Namespace: ns, Name: "gw"}]
+	if c := condOf(t, gs.Listeners[2].Conditions, "ResolvedRefs"); c.Status != metav1.ConditionTrue {
+		t.Errorf("cross with a grant: %+v", c)
 	}
 }

@@ -87,9 +87,11 @@ type listener struct {
 	valid bool
 	// http marks an HTTP listener: its routes are HTTPRoutes, served by
 	// nginx, never by kernel rules.
-	http     bool
-	kinds    []gwv1.RouteGroupKind
-	attached int32
+	http bool
+	// tlsSecret is "namespace/name" of an HTTPS listener's certificate.
+	tlsSecret string
+	kinds     []gwv1.RouteGroupKind
+	attached  int32
 	// route is the route that holds the listener (the oldest attached).
 	route string
 	cond  []metav1.Condition
@@ -129,7 +131,7 @@ func Translate(in Input) Result {
 
 	listeners := map[types.NamespacedName][]*listener{}
 	for _, g := range gws {
-		listeners[nn(&g.ObjectMeta)] = gatewayListeners(g, in.HTTP)
+		listeners[nn(&g.ObjectMeta)] = gatewayListeners(g, in.HTTP, in.Grants)
 	}
 
 	var routes []*route
@@ -215,7 +217,7 @@ var defaultKinds = map[gwv1.ProtocolType]string{
 }
 
 // gatewayListeners checks each listener of g: protocol, kinds, conflicts.
-func gatewayListeners(g *gwv1.Gateway, http bool) []*listener {
+func gatewayListeners(g *gwv1.Gateway, http bool, grants []*gwv1.ReferenceGrant) []*listener {
 	var out []*listener
 	seen := map[string]bool{}
 	httpPorts := map[string]bool{} // ports held by HTTP listeners
@@ -226,8 +228,11 @@ func gatewayListeners(g *gwv1.Gateway, http bool) []*listener {
 		out = append(out, li)
 		kind, supported := defaultKinds[l.Protocol]
 		msg := fmt.Sprintf("protocol %s is not supported by steelyard's L4 layer", l.Protocol)
-		if l.Protocol == gwv1.HTTPProtocolType && !http {
-			supported, msg = false, "HTTP listeners are served by steelyard's nginx layer: run the agents with --gateway and --ingress"
+		if l.Protocol == gwv1.HTTPSProtocolType && http {
+			kind, supported = KindHTTPRoute, true
+		}
+		if (l.Protocol == gwv1.HTTPProtocolType || l.Protocol == gwv1.HTTPSProtocolType) && !http {
+			supported, msg = false, "HTTP and HTTPS listeners are served by steelyard's nginx layer: run the agents with --gateway and --ingress"
 		}
 		if !supported {
 			li.cond = []metav1.Condition{
@@ -243,7 +248,7 @@ func gatewayListeners(g *gwv1.Gateway, http bool) []*listener {
 		if l.Protocol == gwv1.UDPProtocolType {
 			li.proto = dataplane.UDP
 		}
-		li.http = l.Protocol == gwv1.HTTPProtocolType
+		li.http = l.Protocol == gwv1.HTTPProtocolType || l.Protocol == gwv1.HTTPSProtocolType
 		refsOK, refsReason, refsMsg := true, string(gwv1.ListenerReasonResolvedRefs), ""
 		if l.AllowedRoutes != nil && len(l.AllowedRoutes.Kinds) > 0 {
 			for _, k := range l.AllowedRoutes.Kinds {
@@ -258,6 +263,13 @@ func gatewayListeners(g *gwv1.Gateway, http bool) []*listener {
 		}
 		if li.kinds == nil {
 			li.kinds = []gwv1.RouteGroupKind{}
+		}
+		tlsOK := true
+		if l.Protocol == gwv1.HTTPSProtocolType {
+			li.tlsSecret, refsReason, refsMsg = listenerSecret(g, l, grants)
+			if li.tlsSecret == "" {
+				refsOK, tlsOK = false, false
+			}
 		}
 		// Two listeners of one Gateway on the same port and protocol
 		// cannot both be served: no hostname tells L4 traffic apart.
@@ -279,7 +291,7 @@ func gatewayListeners(g *gwv1.Gateway, http bool) []*listener {
 			conflicted = conflicted || httpPorts[k]
 		}
 		seen[k] = true
-		li.valid = !conflicted && len(li.kinds) > 0
+		li.valid = !conflicted && len(li.kinds) > 0 && tlsOK
 		conflict := cond(string(gwv1.ListenerConditionConflicted), false, string(gwv1.ListenerReasonNoConflicts), "", gen)
 		accepted := cond(string(gwv1.ListenerConditionAccepted), true, string(gwv1.ListenerReasonAccepted), "", gen)
 		programmed := cond(string(gwv1.ListenerConditionProgrammed), true, string(gwv1.ListenerReasonProgrammed), "", gen)

@@ -1,6 +1,10 @@
 package ingress
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/hex"
 	"fmt"
 	"net/netip"
 	"path/filepath"
@@ -8,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 )
 
@@ -32,6 +37,9 @@ type HTTPAttachment struct {
 	Hostnames []string
 	// Listener names the Gateway listener, for comments.
 	Listener string
+	// TLSSecret is "namespace/name" of the certificate of an HTTPS
+	// listener (a kubernetes.io/tls Secret); empty: plain HTTP.
+	TLSSecret string
 }
 
 // HTTPBackend is one backendRef: the Service VIP and port, or Invalid (its
@@ -52,6 +60,7 @@ type candidate struct {
 	query   [][2]string
 	route   *HTTPRoute
 	age     int // index of the route, oldest first
+	tls     string
 	rule    int
 	match   int
 	port    int32
@@ -123,15 +132,20 @@ type httpRenderer struct {
 	combos   map[string]string
 	ups      map[string]bool
 	need500  bool
+	// secrets are the TLS Secrets by "namespace/name"; certs receives the
+	// certificate files (Output.Certs), certFiles their paths by Secret.
+	secrets   map[string]*corev1.Secret
+	certs     map[string][]byte
+	certFiles map[string]string
 }
 
 // renderHTTPRoutes renders the HTTPRoutes into server and upstream blocks
 // inside http {}. Ports in reserved (the Ingress ports) are refused.
-func renderHTTPRoutes(routes []HTTPRoute, dir string, reserved []int, keepalive int) (string, []Problem) {
+func renderHTTPRoutes(routes []HTTPRoute, dir string, reserved []int, keepalive int, secrets map[string]*corev1.Secret, certs map[string][]byte) (string, []Problem) {
 	if len(routes) == 0 {
 		return "", nil
 	}
-	r := &httpRenderer{dir: dir, reserved: map[int32]bool{}, keep: keepalive, conds: map[string]string{}, combos: map[string]string{}, ups: map[string]bool{}}
+	r := &httpRenderer{dir: dir, secrets: secrets, certs: certs, certFiles: map[string]string{}, reserved: map[int32]bool{}, keep: keepalive, conds: map[string]string{}, combos: map[string]string{}, ups: map[string]bool{}}
 	for _, p := range reserved {
 		r.reserved[int32(p)] = true
 	}
@@ -161,7 +175,10 @@ func renderHTTPRoutes(routes []HTTPRoute, dir string, reserved []int, keepalive 
 				hosts = []string{""}
 			}
 			for _, h := range hosts {
-				byPort[at.Port] = append(byPort[at.Port], candidates(hr, i, h, at.Port)...)
+				for _, c := range candidates(hr, i, h, at.Port) {
+					c.tls = at.TLSSecret
+					byPort[at.Port] = append(byPort[at.Port], c)
+				}
 			}
 			served = true
 		}
@@ -287,8 +304,18 @@ func (r *httpRenderer) port(p int32, cands []*candidate) {
 		names = append(names, h)
 	}
 	sort.Strings(names) // "" first: the default server
+	ssl := ""
+	for _, c := range cands {
+		if c.tls != "" {
+			ssl = " ssl"
+		}
+	}
 	if !hosts[""] {
-		fmt.Fprintf(&r.b, "\n    server {\n        listen %d default_server;\n        server_name _;\n        return 404;\n    }\n", p)
+		extra := ""
+		if ssl != "" {
+			extra = "\n        ssl_reject_handshake on;" // no certificate for unknown names
+		}
+		fmt.Fprintf(&r.b, "\n    server {\n        listen %d%s default_server;%s\n        server_name _;\n        return 404;\n    }\n", p, ssl, extra)
 	}
 	for _, s := range names {
 		var mine []*candidate
@@ -298,11 +325,11 @@ func (r *httpRenderer) port(p int32, cands []*candidate) {
 			}
 		}
 		sort.SliceStable(mine, func(i, j int) bool { return less(mine[i], mine[j]) })
-		r.server(p, s, mine)
+		r.server(p, ssl, s, mine)
 	}
 }
 
-func (r *httpRenderer) server(p int32, host string, cands []*candidate) {
+func (r *httpRenderer) server(p int32, ssl, host string, cands []*candidate) {
 	locs := map[string]*loc{}
 	add := func(match, path string) {
 		if _, ok := locs[match+" "+path]; !ok {
@@ -340,9 +367,16 @@ func (r *httpRenderer) server(p int32, host string, cands []*candidate) {
 	sort.Strings(keys)
 	fmt.Fprintf(&r.b, "\n    server {\n")
 	if host == "" {
-		fmt.Fprintf(&r.b, "        listen %d default_server;\n        server_name _;\n", p)
+		fmt.Fprintf(&r.b, "        listen %d%s default_server;\n        server_name _;\n", p, ssl)
 	} else {
-		fmt.Fprintf(&r.b, "        listen %d;\n        server_name %s;\n", p, quote(host))
+		fmt.Fprintf(&r.b, "        listen %d%s;\n        server_name %s;\n", p, ssl, quote(host))
+	}
+	if ssl != "" {
+		if file := r.cert(cands); file != "" {
+			fmt.Fprintf(&r.b, "        ssl_certificate %s;\n        ssl_certificate_key %s;\n", quote(file), quote(file))
+		} else {
+			r.b.WriteString("        ssl_reject_handshake on; # no valid certificate\n")
+		}
 	}
 	used := map[string]*candidate{}
 	for _, k := range keys {
@@ -373,6 +407,51 @@ func (r *httpRenderer) server(p int32, host string, cands []*candidate) {
 		r.internal(used[id])
 	}
 	r.b.WriteString("    }\n")
+}
+
+// cert returns the certificate file of the first candidate (the most
+// specific hostname first) with a TLS Secret, or "" (reported) when that
+// Secret is missing or malformed.
+func (r *httpRenderer) cert(cands []*candidate) string {
+	for _, c := range cands {
+		if c.tls == "" {
+			continue
+		}
+		if f, ok := r.certFiles[c.tls]; ok {
+			return f
+		}
+		sec := r.secrets[c.tls]
+		if sec == nil {
+			r.problems = append(r.problems, Problem{Kind: "HTTPRoute", Namespace: c.route.Route.Namespace, Name: c.route.Route.Name, Reason: ReasonInvalidTLS,
+				Message: "the listener's Secret " + c.tls + " is not found (or not of type kubernetes.io/tls): TLS handshakes are refused"})
+			r.certFiles[c.tls] = ""
+			return ""
+		}
+		pem, file, err := tlsFile(sec)
+		if err != nil {
+			r.problems = append(r.problems, Problem{Kind: "HTTPRoute", Namespace: c.route.Route.Namespace, Name: c.route.Route.Name, Reason: ReasonInvalidTLS,
+				Message: "the listener's Secret " + c.tls + ": " + err.Error() + ": TLS handshakes are refused"})
+			r.certFiles[c.tls] = ""
+			return ""
+		}
+		r.certs[file] = pem
+		r.certFiles[c.tls] = filepath.Join(r.dir, "certs", file)
+		return r.certFiles[c.tls]
+	}
+	return ""
+}
+
+// tlsFile checks a TLS Secret and returns its chain and key as one PEM
+// file named by its content hash (as addTLS names Ingress certificates).
+func tlsFile(sec *corev1.Secret) ([]byte, string, error) {
+	crt, k := sec.Data[corev1.TLSCertKey], sec.Data[corev1.TLSPrivateKeyKey]
+	if _, err := tls.X509KeyPair(crt, k); err != nil {
+		return nil, "", err
+	}
+	pem := append(append(bytes.TrimSpace(append([]byte(nil), crt...)), '\n'), bytes.TrimSpace(k)...)
+	pem = append(pem, '\n')
+	sum := sha256.Sum256(pem)
+	return pem, hex.EncodeToString(sum[:12]) + ".pem", nil
 }
 
 // condVar returns the variable that is "1" when the method, header and

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -286,5 +287,35 @@ func TestHTTPRouteHostnames(t *testing.T) {
 		if covers(c.h, c.s) != c.want {
 			t.Errorf("covers(%q, %q) = %v", c.h, c.s, !c.want)
 		}
+	}
+}
+
+// TestHTTPRouteTLS: an HTTPS listener's Secret becomes a certificate file
+// and an ssl server; a missing Secret refuses handshakes and is reported;
+// nginx -t accepts both.
+func TestHTTPRouteTLS(t *testing.T) {
+	crt, key := selfSigned(t, "secure.example.com")
+	be := [][]HTTPBackend{{vipBackend("198.18.0.10", 1)}}
+	in := Input{Settings: DefaultSettings(), Secrets: map[string]*corev1.Secret{"gw/cert": tlsSecret("gw", "cert", crt, key)}, HTTPRoutes: []HTTPRoute{
+		{Route: httpRoute("secure", 0, nil, gwv1.HTTPRouteRule{}), Attach: []HTTPAttachment{{Port: 8443, Hostnames: []string{"secure.example.com"}, TLSSecret: "gw/cert"}}, Backends: be},
+		{Route: httpRoute("nocert", 1, nil, gwv1.HTTPRouteRule{}), Attach: []HTTPAttachment{{Port: 9443, TLSSecret: "gw/missing"}}, Backends: be},
+	}}
+	out := Render(in, Options{Dir: testDir})
+	nginxTest(t, out)
+	if len(out.Certs) != 1 {
+		t.Errorf("certs %v", out.Certs)
+	}
+	for name := range out.Certs {
+		if !strings.Contains(out.Text, "ssl_certificate \""+testDir+"/certs/"+name+"\";") {
+			t.Errorf("no ssl_certificate for %s:\n%s", name, out.Text)
+		}
+	}
+	for _, want := range []string{"listen 8443 ssl;", "listen 8443 ssl default_server;", "listen 9443 ssl default_server;", "ssl_reject_handshake on; # no valid certificate"} {
+		if !strings.Contains(out.Text, want) {
+			t.Errorf("missing %q:\n%s", want, out.Text)
+		}
+	}
+	if len(out.Problems) != 1 || out.Problems[0].Name != "nocert" || out.Problems[0].Reason != ReasonInvalidTLS {
+		t.Errorf("problems %v", out.Problems)
 	}
 }

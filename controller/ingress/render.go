@@ -216,7 +216,7 @@ func Render(in Input, opts Options) Output {
 	for _, srv := range r.servers {
 		srv.noRedirects()
 	}
-	gw, problems := renderHTTPRoutes(in.HTTPRoutes, opts.Dir, []int{opts.HTTPPort, opts.HTTPSPort}, in.Settings.UpstreamKeepalive)
+	gw, problems := renderHTTPRoutes(in.HTTPRoutes, opts.Dir, []int{opts.HTTPPort, opts.HTTPSPort}, in.Settings.UpstreamKeepalive, in.Secrets, r.out.Certs)
 	r.out.Problems = append(r.out.Problems, problems...)
 	r.out.Text = r.text(gw)
 	return r.out
