@@ -4,8 +4,16 @@ package gateway
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"strings"
@@ -26,13 +34,42 @@ import (
 
 // httpPort is the Gateway's HTTP listener; the Ingress ports (80, 443) are
 // nginx's own.
-const httpPort = 8080
+const (
+	httpPort  = 8080
+	httpsPort = 8443
+)
+
+// selfSignedCert returns a certificate for host, its key (PEM) and a pool
+// that trusts it.
+func selfSignedCert(t *testing.T, host string) (crt, key []byte, pool *x509.CertPool) {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: host}, DNSNames: []string{host},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kd, err := x509.MarshalECPrivateKey(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	pool = x509.NewCertPool()
+	pool.AddCert(cert)
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kd}), pool
+}
 
 // TestHTTPRoute: HTTPRoutes on an HTTP listener of a Gateway, served by the
 // agent's nginx (--gateway --ingress) with Service VIPs as upstreams:
 // matches by host, path, method, header and query; a weighted split
 // measured with fresh connections; a redirect and header modifiers; a route
-// with an unsafe value reported and not served, the others untouched.
+// with an unsafe value reported and not served, the others untouched; TLS
+// termination on an HTTPS listener; no reload for endpoint churn.
 func TestHTTPRoute(t *testing.T) {
 	sandbox.RequireRoot(t)
 	if harness.NginxBinary() == "" {
@@ -71,12 +108,21 @@ func TestHTTPRoute(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	crt, key, roots := selfSignedCert(t, "split.example")
+	if _, err := w.Admin.CoreV1().Secrets(harness.Namespace).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "gw-cert"}, Type: corev1.SecretTypeTLS,
+		Data: map[string][]byte{corev1.TLSCertKey: crt, corev1.TLSPrivateKeyKey: key},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	ipType := gwv1.IPAddressType
 	if _, err := gc.GatewayV1().Gateways(harness.Namespace).Create(ctx, &gwv1.Gateway{
 		ObjectMeta: metav1.ObjectMeta{Name: "web"},
 		Spec: gwv1.GatewaySpec{GatewayClassName: className,
 			Addresses: []gwv1.GatewaySpecAddress{{Type: &ipType, Value: sandbox.NodeLANIP.String()}},
-			Listeners: []gwv1.Listener{{Name: "http", Protocol: gwv1.HTTPProtocolType, Port: httpPort}}},
+			Listeners: []gwv1.Listener{{Name: "http", Protocol: gwv1.HTTPProtocolType, Port: httpPort},
+				{Name: "https", Protocol: gwv1.HTTPSProtocolType, Port: httpsPort, TLS: &gwv1.ListenerTLSConfig{
+					CertificateRefs: []gwv1.SecretObjectReference{{Name: "gw-cert"}}}}}},
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +225,7 @@ func TestHTTPRoute(t *testing.T) {
 			body               string
 		}{
 			{"GET", "match.example", "/x", map[string]string{"X-Pick": "b"}, 200, "b"},
-			{"GET", "match.example", "/x", map[string]string{"X-Pick": "B"}, 200, "a"}, // values match exactly
+			{"GET", "match.example", "/x", map[string]string{"X-Pick": "B"}, 200, "a"},  // values match exactly
 			{"GET", "match.example", "/x/", map[string]string{"X-Pick": "b"}, 200, "a"}, // Exact is not a prefix
 			{"POST", "match.example", "/api/v1", nil, 200, "c"},
 			{"GET", "match.example", "/api/v1", nil, 200, "a"},
@@ -245,6 +291,28 @@ func TestHTTPRoute(t *testing.T) {
 		}
 		if resp, body := get("GET", "match.example", "/x", map[string]string{"X-Pick": "b"}); resp.StatusCode != 200 || body != "b" {
 			t.Errorf("good route after the bad one: %d %q", resp.StatusCode, body)
+		}
+	})
+
+	t.Run("TLS", func(t *testing.T) {
+		dial := func(ctx context.Context, network, _ string) (net.Conn, error) {
+			var c net.Conn
+			err := w.Client.Do(func() error {
+				var err error
+				c, err = (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, fmt.Sprintf("%s:%d", sandbox.NodeLANIP, httpsPort))
+				return err
+			})
+			return c, err
+		}
+		c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true,
+			TLSClientConfig: &tls.Config{RootCAs: roots, ServerName: "split.example"}}}
+		resp, err := c.Get(fmt.Sprintf("https://split.example:%d/", httpsPort))
+		if err != nil {
+			t.Fatalf("HTTPS through the listener's certificate: %v", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.TLS == nil || resp.TLS.PeerCertificates[0].Subject.CommonName != "split.example" {
+			t.Errorf("HTTPS: %d %+v", resp.StatusCode, resp.TLS)
 		}
 	})
 
