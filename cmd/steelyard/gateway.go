@@ -16,6 +16,7 @@ import (
 
 	"github.com/steelyard-net/steelyard/controller"
 	"github.com/steelyard-net/steelyard/controller/gateway"
+	"github.com/steelyard-net/steelyard/controller/ingress"
 )
 
 // gatewayFlags configure the Gateway API layer (TCPRoute and UDPRoute in
@@ -25,11 +26,24 @@ type gatewayFlags struct {
 	pool      string
 	leaseNS   string
 	parsedNet netip.Prefix
+	// http: the nginx layer runs too (--ingress), so HTTP listeners
+	// accept HTTPRoutes; src is the running source.
+	http bool
+	src  *gateway.Source
+}
+
+// httpRoutes returns what the nginx layer renders for the Gateway API
+// (nil without --gateway).
+func (f *gatewayFlags) httpRoutes() func([]*corev1.Service) []ingress.HTTPRoute {
+	if f.src == nil || !f.http {
+		return nil
+	}
+	return f.src.HTTPRoutes
 }
 
 func (f *gatewayFlags) register(cmd *cobra.Command, run bool) {
 	fl := cmd.Flags()
-	fl.BoolVar(&f.enabled, "gateway", false, "serve Gateway API TCPRoutes and UDPRoutes of GatewayClasses with controllerName "+string(gateway.ControllerName)+" (needs the API server and the Gateway API CRDs)")
+	fl.BoolVar(&f.enabled, "gateway", false, "serve Gateway API TCPRoutes and UDPRoutes of GatewayClasses with controllerName "+string(gateway.ControllerName)+" (needs the API server and the Gateway API CRDs); with --ingress also HTTPRoutes on HTTP listeners, through nginx")
 	fl.StringVar(&f.pool, "gateway-address-pool", "", "CIDR that Gateways without spec.addresses get an address from; empty: none")
 	if run {
 		fl.StringVar(&f.leaseNS, "gateway-lease-namespace", "steelyard", "namespace of the Lease that elects the one agent writing Gateway API status")
@@ -85,6 +99,8 @@ func (f *gatewayFlags) start(ctx context.Context, kubeconfig, nodeName string, a
 		return wait, err
 	}
 	src := gateway.NewSource(gw, kube, f.parsedNet)
+	src.ServeHTTP = f.http
+	f.src = src
 	w := &gateway.StatusWriter{Source: src, GW: gw, Kube: kube, Identity: nodeName, Namespace: f.leaseNS}
 	if err := w.Run(ctx); err != nil {
 		return wait, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +27,17 @@ type ingressFlags struct {
 	upstreams string
 	httpPort  int
 	httpsPort int
+	// httpRoutes, when set, adds the Gateway API HTTPRoutes to the config
+	// (--gateway too); ctrl is the running controller, for poke.
+	httpRoutes func([]*corev1.Service) []ingress.HTTPRoute
+	ctrl       atomic.Pointer[ingress.Controller]
+}
+
+// poke asks the nginx layer for a render (a Gateway API object changed).
+func (f *ingressFlags) poke() {
+	if c := f.ctrl.Load(); c != nil {
+		c.Trigger()
+	}
 }
 
 func (f *ingressFlags) register(cmd *cobra.Command) {
@@ -80,6 +92,7 @@ func (f *ingressFlags) start(ctx context.Context, kubeconfig, manifests, nodeNam
 		// Bursts merge, as in the L4 loop; a short period keeps the
 		// pods-mode baseline honest (it reloads per change).
 		MinSyncPeriod: minIngressSyncPeriod,
+		HTTPRoutes:    f.httpRoutes,
 	}, nginx, recorder, reg)
 	if err != nil {
 		return wait, err
@@ -87,6 +100,7 @@ func (f *ingressFlags) start(ctx context.Context, kubeconfig, manifests, nodeNam
 	if err := c.Start(ctx); err != nil {
 		return wait, fmt.Errorf("ingress: %w", err)
 	}
+	f.ctrl.Store(c)
 	log.WithFields(map[string]any{"nginx": f.nginx, "nginx-dir": nginx.Dir, "upstreams": f.upstreams, "class": f.class}).Info("ingress layer started")
 	return func() {
 		select {

@@ -137,13 +137,15 @@ func newRunCommand() *cobra.Command {
 				agent.Source, agent.Tracker = src, src.Tracker
 				metrics.WatchTracker(src.Tracker)
 				metrics.WatchAPIServer(src.API)
-				waitGateway, err := gw.start(ctx, kubeconfig, nodeName, agent, r.Trigger)
+				gw.http = ing.enabled // HTTPRoutes through the nginx layer
+				waitGateway, err := gw.start(ctx, kubeconfig, nodeName, agent, func() { r.Trigger(); ing.poke() })
 				if err != nil {
 					return err
 				}
 				defer waitGateway() // the status Lease released before we exit
 				fields["kubeconfig"], fields["service-proxy-name"] = kubeconfig, proxyName
 			}
+			ing.httpRoutes = gw.httpRoutes()
 			waitIngress, err := ing.start(ctx, kubeconfig, manifests, nodeName, metrics.Registry)
 			if err != nil {
 				return err

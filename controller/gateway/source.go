@@ -21,6 +21,7 @@ import (
 	gwlisters "sigs.k8s.io/gateway-api/pkg/client/listers/apis/v1"
 
 	"github.com/steelyard-net/steelyard/controller"
+	"github.com/steelyard-net/steelyard/controller/ingress"
 )
 
 var log = logrus.WithField("subsys", "gateway")
@@ -38,6 +39,9 @@ const (
 // StatusWriter, which writes only on the leader.
 type Source struct {
 	pool netip.Prefix
+	// ServeHTTP makes HTTP listeners accept HTTPRoutes (the nginx layer
+	// runs); set it before Start.
+	ServeHTTP bool
 
 	gwFactory   gwinformers.SharedInformerFactory
 	kubeFactory informers.SharedInformerFactory
@@ -45,6 +49,7 @@ type Source struct {
 	gateways    gwlisters.GatewayLister
 	tcpRoutes   gwlisters.TCPRouteLister
 	udpRoutes   gwlisters.UDPRouteLister
+	httpRoutes  gwlisters.HTTPRouteLister
 	grants      gwlisters.ReferenceGrantLister
 	namespaces  corelisters.NamespaceLister
 	synced      []cache.InformerSynced
@@ -67,6 +72,7 @@ func NewSource(gw versioned.Interface, kube kubernetes.Interface, pool netip.Pre
 	v1 := s.gwFactory.Gateway().V1()
 	s.classes, s.gateways = v1.GatewayClasses().Lister(), v1.Gateways().Lister()
 	s.tcpRoutes, s.udpRoutes = v1.TCPRoutes().Lister(), v1.UDPRoutes().Lister()
+	s.httpRoutes = v1.HTTPRoutes().Lister()
 	s.grants = v1.ReferenceGrants().Lister()
 	s.namespaces = s.kubeFactory.Core().V1().Namespaces().Lister()
 	return s
@@ -81,7 +87,7 @@ func (s *Source) Start(ctx context.Context, onChange func()) error {
 	v1 := s.gwFactory.Gateway().V1()
 	for _, inf := range []cache.SharedIndexInformer{
 		v1.GatewayClasses().Informer(), v1.Gateways().Informer(), v1.TCPRoutes().Informer(),
-		v1.UDPRoutes().Informer(), v1.ReferenceGrants().Informer(), s.kubeFactory.Core().V1().Namespaces().Informer(),
+		v1.UDPRoutes().Informer(), v1.HTTPRoutes().Informer(), v1.ReferenceGrants().Informer(), s.kubeFactory.Core().V1().Namespaces().Informer(),
 	} {
 		if _, err := inf.AddEventHandler(handler(onChange)); err != nil {
 			return err
@@ -141,7 +147,7 @@ func addrValues(as []gwv1.GatewayStatusAddress) []string {
 
 // Snapshot reads every object the translation needs from the informers.
 func (s *Source) Snapshot(svcs []*corev1.Service) Input {
-	in := Input{Services: svcs, Pool: s.pool}
+	in := Input{Services: svcs, Pool: s.pool, HTTP: s.ServeHTTP}
 	var err error
 	if in.Classes, err = s.classes.List(labels.Everything()); err != nil {
 		log.WithError(err).Warn("listing GatewayClasses")
@@ -154,6 +160,9 @@ func (s *Source) Snapshot(svcs []*corev1.Service) Input {
 	}
 	if in.UDPRoutes, err = s.udpRoutes.List(labels.Everything()); err != nil {
 		log.WithError(err).Warn("listing UDPRoutes")
+	}
+	if in.HTTPRoutes, err = s.httpRoutes.List(labels.Everything()); err != nil {
+		log.WithError(err).Warn("listing HTTPRoutes")
 	}
 	if in.Grants, err = s.grants.List(labels.Everything()); err != nil {
 		log.WithError(err).Warn("listing ReferenceGrants")
@@ -186,6 +195,14 @@ func (s *Source) Programmed() {
 	notify := s.onDone
 	s.mu.Unlock()
 	notify()
+}
+
+// HTTPRoutes translates the current snapshot and returns the HTTPRoutes
+// attached to our HTTP listeners, for the nginx layer. It is a pure read:
+// status stays with the L4 sync's translation (Routes), which sees the
+// same objects.
+func (s *Source) HTTPRoutes(svcs []*corev1.Service) []ingress.HTTPRoute {
+	return Translate(s.Snapshot(svcs)).HTTP
 }
 
 // latest returns the Result of the last Routes call, or nil.
@@ -245,6 +262,13 @@ func List(ctx context.Context, gw versioned.Interface, kube kubernetes.Interface
 	}
 	for i := range ul.Items {
 		in.UDPRoutes = append(in.UDPRoutes, &ul.Items[i])
+	}
+	hl, err := v1.HTTPRoutes("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return in, fmt.Errorf("list HTTPRoutes: %w", err)
+	}
+	for i := range hl.Items {
+		in.HTTPRoutes = append(in.HTTPRoutes, &hl.Items[i])
 	}
 	rl, err := v1.ReferenceGrants("").List(ctx, metav1.ListOptions{})
 	if err != nil {

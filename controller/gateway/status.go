@@ -190,6 +190,18 @@ func (w *StatusWriter) write(ctx context.Context, res *Result) bool {
 			fail(KindUDPRoute, r.Namespace+"/"+r.Name, err)
 		}
 	}
+	hr, _ := w.Source.httpRoutes.List(everything)
+	for _, r := range hr {
+		parents, changed := routeParents(r.Status.Parents, res.RouteParents[KindHTTPRoute+"/"+r.Namespace+"/"+r.Name], now)
+		if !changed {
+			continue
+		}
+		r = r.DeepCopy()
+		r.Status.Parents = parents
+		if _, err := v1.HTTPRoutes(r.Namespace).UpdateStatus(ctx, r, metav1.UpdateOptions{}); err != nil {
+			fail(KindHTTPRoute, r.Namespace+"/"+r.Name, err)
+		}
+	}
 	return ok
 }
 

@@ -14,6 +14,7 @@ import (
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/steelyard-net/steelyard/controller"
+	"github.com/steelyard-net/steelyard/controller/ingress"
 	"github.com/steelyard-net/steelyard/dataplane"
 )
 
@@ -34,11 +35,16 @@ type Input struct {
 	Gateways  []*gwv1.Gateway
 	TCPRoutes []*gwv1.TCPRoute
 	UDPRoutes []*gwv1.UDPRoute
-	Grants    []*gwv1.ReferenceGrant
-	Services  []*corev1.Service
+	// HTTPRoutes attach to HTTP listeners and are served by nginx.
+	HTTPRoutes []*gwv1.HTTPRoute
+	Grants     []*gwv1.ReferenceGrant
+	Services   []*corev1.Service
 	// Namespaces are the cluster's Namespaces, for listeners that allow
 	// routes from namespaces selected by label.
 	Namespaces []*corev1.Namespace
+	// HTTP is true when the nginx layer serves HTTP listeners (steelyard
+	// run --gateway --ingress); without it they are UnsupportedProtocol.
+	HTTP bool
 	// Pool is the --gateway-address-pool: Gateways without spec.addresses
 	// get one address from it. Invalid (zero) for none.
 	Pool netip.Prefix
@@ -56,6 +62,9 @@ type Result struct {
 	// statuses we own (controllerName ours); others' entries are kept by
 	// the writer.
 	RouteParents map[string][]gwv1.RouteParentStatus
+	// HTTP holds the HTTPRoutes attached to our HTTP listeners, for the
+	// nginx layer (ingress.Input.HTTPRoutes).
+	HTTP []ingress.HTTPRoute
 }
 
 // route is a TCPRoute or UDPRoute, seen the same way.
@@ -75,9 +84,14 @@ type listener struct {
 	spec  gwv1.Listener
 	proto dataplane.Protocol
 	// valid is false when the listener cannot carry routes.
-	valid    bool
-	kinds    []gwv1.RouteGroupKind
-	attached int32
+	valid bool
+	// http marks an HTTP listener: its routes are HTTPRoutes, served by
+	// nginx, never by kernel rules.
+	http bool
+	// tlsSecret is "namespace/name" of an HTTPS listener's certificate.
+	tlsSecret string
+	kinds     []gwv1.RouteGroupKind
+	attached  int32
 	// route is the route that holds the listener (the oldest attached).
 	route string
 	cond  []metav1.Condition
@@ -117,7 +131,7 @@ func Translate(in Input) Result {
 
 	listeners := map[types.NamespacedName][]*listener{}
 	for _, g := range gws {
-		listeners[nn(&g.ObjectMeta)] = gatewayListeners(g)
+		listeners[nn(&g.ObjectMeta)] = gatewayListeners(g, in.HTTP, in.Grants)
 	}
 
 	var routes []*route
@@ -148,6 +162,8 @@ func Translate(in Input) Result {
 			res.RouteParents[r.key()] = parents
 		}
 	}
+
+	translateHTTP(in, listeners, svcs, nsLabels, &res)
 
 	for _, g := range gws {
 		res.Gateways[nn(&g.ObjectMeta)] = gatewayStatus(g, addrs[nn(&g.ObjectMeta)], listeners[nn(&g.ObjectMeta)])
@@ -195,23 +211,32 @@ func withGen(c metav1.Condition, gen int64) metav1.Condition {
 
 // defaultKinds are the route kinds a listener of each protocol accepts.
 var defaultKinds = map[gwv1.ProtocolType]string{
-	gwv1.TCPProtocolType: KindTCPRoute,
-	gwv1.UDPProtocolType: KindUDPRoute,
+	gwv1.TCPProtocolType:  KindTCPRoute,
+	gwv1.UDPProtocolType:  KindUDPRoute,
+	gwv1.HTTPProtocolType: KindHTTPRoute,
 }
 
 // gatewayListeners checks each listener of g: protocol, kinds, conflicts.
-func gatewayListeners(g *gwv1.Gateway) []*listener {
+func gatewayListeners(g *gwv1.Gateway, http bool, grants []*gwv1.ReferenceGrant) []*listener {
 	var out []*listener
 	seen := map[string]bool{}
+	httpPorts := map[string]bool{} // ports held by HTTP listeners
 	gen := g.Generation
 	group := gwv1.Group(gwv1.GroupName)
 	for _, l := range g.Spec.Listeners {
 		li := &listener{gw: g, spec: l}
 		out = append(out, li)
 		kind, supported := defaultKinds[l.Protocol]
+		msg := fmt.Sprintf("protocol %s is not supported by steelyard's L4 layer", l.Protocol)
+		if l.Protocol == gwv1.HTTPSProtocolType && http {
+			kind, supported = KindHTTPRoute, true
+		}
+		if (l.Protocol == gwv1.HTTPProtocolType || l.Protocol == gwv1.HTTPSProtocolType) && !http {
+			supported, msg = false, "HTTP and HTTPS listeners are served by steelyard's nginx layer: run the agents with --gateway and --ingress"
+		}
 		if !supported {
 			li.cond = []metav1.Condition{
-				cond(string(gwv1.ListenerConditionAccepted), false, string(gwv1.ListenerReasonUnsupportedProtocol), fmt.Sprintf("protocol %s is not supported by steelyard's L4 layer", l.Protocol), gen),
+				cond(string(gwv1.ListenerConditionAccepted), false, string(gwv1.ListenerReasonUnsupportedProtocol), msg, gen),
 				cond(string(gwv1.ListenerConditionProgrammed), false, string(gwv1.ListenerReasonInvalid), "listener not accepted", gen),
 				cond(string(gwv1.ListenerConditionResolvedRefs), true, string(gwv1.ListenerReasonResolvedRefs), "", gen),
 				cond(string(gwv1.ListenerConditionConflicted), false, string(gwv1.ListenerReasonNoConflicts), "", gen),
@@ -223,6 +248,7 @@ func gatewayListeners(g *gwv1.Gateway) []*listener {
 		if l.Protocol == gwv1.UDPProtocolType {
 			li.proto = dataplane.UDP
 		}
+		li.http = l.Protocol == gwv1.HTTPProtocolType || l.Protocol == gwv1.HTTPSProtocolType
 		refsOK, refsReason, refsMsg := true, string(gwv1.ListenerReasonResolvedRefs), ""
 		if l.AllowedRoutes != nil && len(l.AllowedRoutes.Kinds) > 0 {
 			for _, k := range l.AllowedRoutes.Kinds {
@@ -238,12 +264,34 @@ func gatewayListeners(g *gwv1.Gateway) []*listener {
 		if li.kinds == nil {
 			li.kinds = []gwv1.RouteGroupKind{}
 		}
+		tlsOK := true
+		if l.Protocol == gwv1.HTTPSProtocolType {
+			li.tlsSecret, refsReason, refsMsg = listenerSecret(g, l, grants)
+			if li.tlsSecret == "" {
+				refsOK, tlsOK = false, false
+			}
+		}
 		// Two listeners of one Gateway on the same port and protocol
 		// cannot both be served: no hostname tells L4 traffic apart.
 		k := fmt.Sprintf("%d/%s", l.Port, li.proto)
-		conflicted := seen[k]
+		conflicted := seen[k] && !(li.http && httpPorts[k])
+		if li.http {
+			// HTTP listeners on one port differ by hostname (nginx's
+			// server_name); the same hostname twice conflicts.
+			h := ""
+			if l.Hostname != nil {
+				h = string(*l.Hostname)
+			}
+			conflicted = conflicted || seen[k+"/"+h]
+			seen[k+"/"+h] = true
+			if !seen[k] {
+				httpPorts[k] = true
+			}
+		} else {
+			conflicted = conflicted || httpPorts[k]
+		}
 		seen[k] = true
-		li.valid = !conflicted && len(li.kinds) > 0
+		li.valid = !conflicted && len(li.kinds) > 0 && tlsOK
 		conflict := cond(string(gwv1.ListenerConditionConflicted), false, string(gwv1.ListenerReasonNoConflicts), "", gen)
 		accepted := cond(string(gwv1.ListenerConditionAccepted), true, string(gwv1.ListenerReasonAccepted), "", gen)
 		programmed := cond(string(gwv1.ListenerConditionProgrammed), true, string(gwv1.ListenerReasonProgrammed), "", gen)
@@ -373,7 +421,7 @@ func attach(r *route, pr gwv1.ParentReference, refs []controller.RouteBackend, l
 			continue
 		}
 		matched++
-		if !l.valid || l.proto != r.proto || !kindAllowed(l, r.kind) || !namespaceAllowed(l, r.meta.Namespace, nsLabels) {
+		if !l.valid || l.http || l.proto != r.proto || !kindAllowed(l, r.kind) || !namespaceAllowed(l, r.meta.Namespace, nsLabels) {
 			continue
 		}
 		allowed++

@@ -206,7 +206,7 @@ func TestRouteStatusReasons(t *testing.T) {
 			gwv1.Listener{Name: "a", Protocol: gwv1.TCPProtocolType, Port: 1},
 			gwv1.Listener{Name: "b", Protocol: gwv1.TCPProtocolType, Port: 2},
 			gwv1.Listener{Name: "c", Protocol: gwv1.TCPProtocolType, Port: 3},
-			gwv1.Listener{Name: "h", Protocol: gwv1.HTTPProtocolType, Port: 4})},
+			gwv1.Listener{Name: "h", Protocol: gwv1.HTTPSProtocolType, Port: 4})},
 		TCPRoutes: []*gwv1.TCPRoute{
 			tcpRoute("good", 0, gwv1.ParentReference{Name: "gw", SectionName: ptr.To(gwv1.SectionName("a"))}, backendRef("s1", 1)),
 			tcpRoute("missing", 1, gwv1.ParentReference{Name: "gw", SectionName: ptr.To(gwv1.SectionName("b"))}, backendRef("nope", 1)),
@@ -242,7 +242,7 @@ func TestRouteStatusReasons(t *testing.T) {
 		t.Errorf("a /30 pool gives .1 first (not the network address): %+v", gs.Addresses)
 	}
 	if c := condOf(t, gs.Listeners[3].Conditions, "Accepted"); c.Reason != "UnsupportedProtocol" {
-		t.Errorf("HTTP listener %+v", c)
+		t.Errorf("HTTPS listener (no TLS yet) %+v", c)
 	}
 
 	// With a ReferenceGrant the cross-namespace ref resolves.

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/steelyard-net/steelyard/controller/runner"
 )
@@ -44,6 +45,11 @@ type Config struct {
 	Render Options
 	// MinSyncPeriod merges bursts of changes into one render.
 	MinSyncPeriod time.Duration
+	// HTTPRoutes, when set, returns the Gateway API HTTPRoutes attached to
+	// our HTTP listeners (gateway.Source.HTTPRoutes); they are rendered
+	// into the same nginx.conf as the Ingresses. Call Trigger when they
+	// change.
+	HTTPRoutes func(svcs []*corev1.Service) []HTTPRoute
 }
 
 // Controller watches Ingresses, IngressClasses, Services, TLS Secrets, the
@@ -122,6 +128,14 @@ func (c *Controller) Start(ctx context.Context) error {
 	return nil
 }
 
+// Trigger asks for a render soon (bursts merge); for changes the
+// controller's own informers do not see, such as HTTPRoutes.
+func (c *Controller) Trigger() {
+	if c.runner != nil {
+		c.runner.Trigger()
+	}
+}
+
 // startInformers registers changed as the handler of every informer,
 // starts them and waits for their caches.
 func (c *Controller) startInformers(ctx context.Context, changed func()) error {
@@ -168,9 +182,17 @@ func (c *Controller) Sync() error {
 			objects["Ingress/"+ing.Namespace+"/"+ing.Name] = ing
 		}
 	}
+	var svcs []*corev1.Service
 	for _, o := range c.services.GetStore().List() {
 		if s, ok := o.(*corev1.Service); ok {
 			in.Services[s.Namespace+"/"+s.Name] = s
+			svcs = append(svcs, s)
+		}
+	}
+	if c.cfg.HTTPRoutes != nil {
+		in.HTTPRoutes = c.cfg.HTTPRoutes(svcs)
+		for _, hr := range in.HTTPRoutes {
+			objects["HTTPRoute/"+hr.Route.Namespace+"/"+hr.Route.Name] = hr.Route
 		}
 	}
 	for _, o := range c.secrets.GetStore().List() {
@@ -205,7 +227,7 @@ func (c *Controller) Sync() error {
 	out.Problems = append(cmProblems, out.Problems...)
 	c.report(out.Problems, objects)
 	reloaded, err := c.nginx.Apply(out)
-	fields := logrus.Fields{"ingresses": len(in.Ingresses), "problems": len(out.Problems), "reloaded": reloaded,
+	fields := logrus.Fields{"ingresses": len(in.Ingresses), "httproutes": len(in.HTTPRoutes), "problems": len(out.Problems), "reloaded": reloaded,
 		"hash": out.Hash()[:12], "elapsed": time.Since(start).Round(time.Microsecond)}
 	if err != nil {
 		clog.WithFields(fields).WithError(err).Error("nginx config not applied")
@@ -227,7 +249,11 @@ func (c *Controller) report(problems []Problem, objects map[string]runtime.Objec
 		}
 		clog.WithFields(logrus.Fields{"object": p.Kind + "/" + p.Namespace + "/" + p.Name, "reason": p.Reason}).Warn(p.Message)
 		if c.recorder != nil {
-			if obj := objects[p.Kind+"/"+p.Namespace+"/"+p.Name]; obj != nil {
+			if hr, ok := objects[p.Kind+"/"+p.Namespace+"/"+p.Name].(*gwv1.HTTPRoute); ok {
+				// Not in client-go's scheme: refer to it by hand.
+				c.recorder.Event(&corev1.ObjectReference{APIVersion: gwv1.GroupVersion.String(), Kind: p.Kind, Namespace: p.Namespace, Name: p.Name, UID: hr.UID},
+					corev1.EventTypeWarning, p.Reason, p.Message)
+			} else if obj := objects[p.Kind+"/"+p.Namespace+"/"+p.Name]; obj != nil {
 				c.recorder.Event(obj, corev1.EventTypeWarning, p.Reason, p.Message)
 			} else {
 				// An object that failed validation before it was listed

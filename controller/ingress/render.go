@@ -62,6 +62,10 @@ type Input struct {
 	Slices []*discoveryv1.EndpointSlice
 	// Settings come from the ConfigMap (ParseSettings).
 	Settings Settings
+	// HTTPRoutes are the Gateway API routes attached to our HTTP
+	// listeners (see httproute.go); they get servers of their own on the
+	// listener ports.
+	HTTPRoutes []HTTPRoute
 }
 
 // Problem is something wrong with one object, reported as a Warning Event
@@ -212,7 +216,9 @@ func Render(in Input, opts Options) Output {
 	for _, srv := range r.servers {
 		srv.noRedirects()
 	}
-	r.out.Text = r.text()
+	gw, problems := renderHTTPRoutes(in.HTTPRoutes, opts.Dir, []int{opts.HTTPPort, opts.HTTPSPort}, in.Settings.UpstreamKeepalive, in.Secrets, r.out.Certs)
+	r.out.Problems = append(r.out.Problems, problems...)
+	r.out.Text = r.text(gw)
 	return r.out
 }
 
@@ -512,10 +518,12 @@ type tmplData struct {
 	Default   *server
 	Servers   []*server
 	AnyTLS    bool
+	// Gateway holds the HTTPRoute blocks, already rendered.
+	Gateway string
 }
 
-func (r *renderer) text() string {
-	d := tmplData{Opts: r.opts, S: r.in.Settings}
+func (r *renderer) text(gateway string) string {
+	d := tmplData{Opts: r.opts, S: r.in.Settings, Gateway: gateway}
 	for _, u := range r.upstreams {
 		d.Upstreams = append(d.Upstreams, u)
 	}
@@ -651,6 +659,11 @@ http {
         server_name {{q .ServerName}};
 {{- template "locations" .}}
     }
+{{- end}}
+{{- if .Gateway}}
+
+    # Gateway API HTTPRoutes
+{{- .Gateway}}
 {{- end}}
 }
 {{define "locations"}}

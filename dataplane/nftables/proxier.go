@@ -158,7 +158,7 @@ type Proxier struct {
 	// tableExists, when set, tells whether the table is there (netlink,
 	// for the real kernel); nil: ask nft (the fake).
 	tableExists func() (bool, error)
-	now       func() time.Time
+	now         func() time.Time
 }
 
 type staleKey struct {

@@ -189,7 +189,7 @@ func TestStatusAndReferenceGrant(t *testing.T) {
 	// A section that does not exist.
 	e.tcpRoute(testNS, "nosection", []gwv1.ParentReference{gatewayParent("gw", "nope")}, ref("", "s1", -1))
 	waitCondition(t, "TCPRoute nosection", "Accepted", metav1.ConditionFalse, "NoMatchingParent", e.tcpRouteConds(testNS, "nosection", "gw"))
-	// HTTP is for the nginx layer, not served here yet.
+	// HTTP listeners need the nginx layer (--ingress), which this agent lacks.
 	waitCondition(t, "listener web", "Accepted", metav1.ConditionFalse, "UnsupportedProtocol", e.listenerConds("gw", "web"))
 
 	// Cross-namespace backendRef: refused until a ReferenceGrant allows it.

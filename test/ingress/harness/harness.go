@@ -203,6 +203,14 @@ func (w *World) AddPod(name, ip string) (*Pod, error) {
 			p.Requests.Add(1)
 			_, _ = io.Copy(io.Discard, r.Body)
 			rw.Header().Set("Content-Type", "text/plain")
+			// Request headers the proxy set, for header filter tests.
+			for _, k := range []string{"X-Env", "X-Trace", "X-Drop"} {
+				if v := r.Header.Get(k); v != "" {
+					rw.Header().Set("X-Seen-"+k, v)
+				}
+			}
+			rw.Header().Set("X-Seen-Path", r.URL.RequestURI())
+			rw.Header().Set("X-Seen-Host", r.Host)
 			_, _ = rw.Write(body)
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
