@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -194,5 +195,34 @@ func TestFirstSyncInBatches(t *testing.T) {
 	}
 	if diff := dataplane.Diff(dataplane.Expected(s), live); len(diff) > 0 {
 		t.Errorf("after a batched first sync:\n%s", strings.Join(diff, "\n"))
+	}
+}
+
+// TestLaterSyncsAreOneTransaction: once the table holds Service ports, a
+// change of more than BatchPorts of them is one transaction (old or new
+// state, never a mix, whatever interrupts it).
+func TestLaterSyncsAreOneTransaction(t *testing.T) {
+	old := BatchPorts
+	BatchPorts = 2
+	defer func() { BatchPorts = old }()
+	p, nft := newTest(t, 4)
+	mk := func(w float64) dataplane.State {
+		var st dataplane.State
+		for i := range 5 {
+			st.Services = append(st.Services, svcPort(fmt.Sprintf("s%d", i), fmt.Sprintf("198.18.0.%d", 10+i), 80, dataplane.TCP,
+				be(fmt.Sprintf("198.19.1.%d", 2+i), 8080, 1), be(fmt.Sprintf("198.19.2.%d", 2+i), 8080, w)))
+		}
+		return st
+	}
+	if _, err := p.Sync(mk(1), dataplane.FullSync); err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	p.nft = &spyNFT{Interface: nft, onRun: func(*knftables.Transaction) { runs++ }}
+	if _, err := p.Sync(mk(3), dataplane.PartialSync); err != nil {
+		t.Fatal(err)
+	}
+	if runs != 1 {
+		t.Errorf("a change of 5 ports with BatchPorts 2 took %d transactions, want 1", runs)
 	}
 }

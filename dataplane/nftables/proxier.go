@@ -85,9 +85,10 @@ const (
 	syncTimeout            = 5 * time.Minute
 )
 
-// BatchPorts is how many Service ports one transaction of a full sync
-// writes. The first sync at 10,000 Services is then ten transactions, none
-// holding the nftables lock for long (kubernetes#139328).
+// BatchPorts is how many Service ports one transaction of the sync into
+// an empty table writes. The first sync at 10,000 Services is then ten
+// transactions, none holding the nftables lock for long
+// (kubernetes#139328); later syncs are one transaction each.
 var BatchPorts = 1000
 
 // StaleDelay is how long a chain, map or set that is no longer used stays

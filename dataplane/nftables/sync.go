@@ -87,7 +87,8 @@ func (p *Proxier) skeleton(tx *knftables.Transaction) {
 // names over netlink (not "nft list" text), rewrites the fixed chains,
 // repairs the shared maps from their live elements, rewrites every
 // Service port that changed or lost an object, and flushes objects that
-// nothing uses; it runs in transactions of BatchPorts Service ports.
+// nothing uses; into an empty table it runs in transactions of BatchPorts
+// Service ports.
 func (p *Proxier) Sync(s dataplane.State, req dataplane.SyncRequest) (dataplane.SyncResult, error) {
 	if err := p.sync(s, req.Full, req.MayHaveChanged); err != nil {
 		return dataplane.SyncResult{}, err
@@ -150,6 +151,13 @@ func (p *Proxier) sync(s dataplane.State, full bool, mayHaveChanged func(datapla
 	}
 	slices.SortFunc(todo, func(a, b dataplane.ServicePortName) int { return strings.Compare(a.String(), b.String()) })
 
+	// Only a sync into an empty table (the node's first) runs in batches of
+	// BatchPorts Service ports, so it never holds the nftables lock for the
+	// whole table; there a kill between batches leaves ports missing, not
+	// wrong. Every other sync is one transaction: a SIGTERM measured
+	// mid-way through a batched 5,000-port change left neither the old
+	// state nor the new one.
+	batched := !p.synced && !p.tableThere(ctx)
 	w := &writer{p: p, full: full, live: live, seen: map[string]bool{}}
 	tx := p.nft.NewTransaction()
 	nodeIPs := p.nodeAddrs()
@@ -202,7 +210,7 @@ func (p *Proxier) sync(s dataplane.State, full bool, mayHaveChanged func(datapla
 			newApplied[n] = o
 		}
 		written++
-		if ports++; ports >= BatchPorts {
+		if ports++; batched && ports >= BatchPorts {
 			if err := run(); err != nil {
 				return err
 			}
