@@ -70,7 +70,7 @@ func caseEstablishedConnectionSurvivesRestartAndDrain(t *testing.T, m dpMode) {
 		t.Fatal(err)
 	}
 	t.Logf("new connections after the drain: %s", r)
-	expectShares(t, r, map[string]float64{other: 100}, 0)
+	sandbox.ExpectShares(t, r, map[string]float64{other: 100}, 0)
 	echo("at the end")
 }
 
@@ -136,7 +136,7 @@ func caseHairpin(t *testing.T, m dpMode) {
 		t.Fatal(err)
 	}
 	t.Logf("pod -> own VIP: %s", r)
-	expectShares(t, r, map[string]float64{"self-1": 100}, 0)
+	sandbox.ExpectShares(t, r, map[string]float64{"self-1": 100}, 0)
 
 	c, err := p.NS.Connect(addrPort(self.vip, 80), 2*time.Second)
 	if err != nil {

@@ -5,11 +5,9 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -262,33 +260,6 @@ func (f *fixture) explain() []dataplane.ServiceView {
 		f.t.Fatalf("explain -o json: %v\n%s", err, out)
 	}
 	return views
-}
-
-// expectShares checks the observed share of each pod within tol points and
-// that no other pod answered, and that no connection failed.
-func expectShares(t *testing.T, r sandbox.Result, want map[string]float64, tol float64) {
-	t.Helper()
-	if r.Failed() > 0 || r.Attempted != r.Requested {
-		t.Errorf("%d of %d connections failed, %d not attempted: %v", r.Failed(), r.Requested, r.Requested-r.Attempted, r.Errors)
-	}
-	names := make([]string, 0, len(want))
-	for n := range want {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		got := r.Share(n)
-		sigma := 100 * math.Sqrt(want[n]/100*(1-want[n]/100)/float64(r.OK()))
-		t.Logf("  %-8s configured %6.2f%%  observed %6.2f%%  diff %+.2f points (sigma %.2f)", n, want[n], got, got-want[n], sigma)
-		if math.Abs(got-want[n]) > tol {
-			t.Errorf("%s: observed %.2f%%, configured %.2f%%: off by more than %.1f points", n, got, want[n], tol)
-		}
-	}
-	for n, c := range r.Counts {
-		if _, ok := want[n]; !ok {
-			t.Errorf("%s answered %d connections but is not a configured backend", n, c)
-		}
-	}
 }
 
 func addrPort(vip string, port int32) netip.AddrPort {

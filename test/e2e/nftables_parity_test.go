@@ -38,7 +38,7 @@ func nftConns(t *testing.T, ns *sandbox.NS, what string, dst netip.AddrPort, cou
 		t.Fatal(err)
 	}
 	t.Logf("%s (%s), %s: %s", what, dst, time.Since(start).Round(time.Millisecond), r)
-	expectShares(t, r, want, tol)
+	sandbox.ExpectShares(t, r, want, tol)
 }
 
 func refusedConn(t *testing.T, ns *sandbox.NS, what string, dst netip.AddrPort) {

@@ -180,7 +180,7 @@ func conns(t *testing.T, ns *sandbox.NS, what string, dst netip.AddrPort, count 
 		t.Fatal(err)
 	}
 	t.Logf("%s (%s): %s", what, dst, r)
-	expectShares(t, r, want, tol)
+	sandbox.ExpectShares(t, r, want, tol)
 }
 
 // dropped checks that a new connection gets no answer at all (dropped,
@@ -606,5 +606,5 @@ func caseNodePortUDP(t *testing.T, m dpMode) {
 		t.Fatal(err)
 	}
 	t.Logf("UDP node port: %s", r)
-	expectShares(t, r, map[string]float64{"npd-1": 10, "npd-2": 90}, 2.5)
+	sandbox.ExpectShares(t, r, map[string]float64{"npd-1": 10, "npd-2": 90}, 2.5)
 }

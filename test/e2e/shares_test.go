@@ -69,14 +69,14 @@ func caseTCPShares(t *testing.T, m dpMode) {
 		t.Fatal(err)
 	}
 	t.Logf("10/90: %s", r)
-	expectShares(t, r, map[string]float64{"web-1": 10, "web-2": 90}, 1)
+	sandbox.ExpectShares(t, r, map[string]float64{"web-1": 10, "web-2": 90}, 1)
 
 	r, err = f.client.TCPConns(addrPort(quadService.vip, 80), tcp1234Conns, sandbox.Load{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("1:2:3:4: %s", r)
-	expectShares(t, r, map[string]float64{"quad-1": 10, "quad-2": 20, "quad-3": 30, "quad-4": 40}, 1)
+	sandbox.ExpectShares(t, r, map[string]float64{"quad-1": 10, "quad-2": 20, "quad-3": 30, "quad-4": 40}, 1)
 }
 
 // checkFlavour checks that the rules are where the mode writes them: in
@@ -137,7 +137,7 @@ func caseWeightZeroGetsNothing(t *testing.T, m dpMode) {
 		t.Fatal(err)
 	}
 	t.Logf("1/0/1: %s", r)
-	expectShares(t, r, map[string]float64{"zero-1": 50, "zero-3": 50}, 4)
+	sandbox.ExpectShares(t, r, map[string]float64{"zero-1": 50, "zero-3": 50}, 4)
 	if n := f.sb.Pod("zero-2").Accepted(); n != 0 {
 		t.Errorf("the weight-0 pod accepted %d connections", n)
 	}
@@ -154,7 +154,7 @@ func caseUDPShares(t *testing.T, m dpMode) {
 		t.Fatal(err)
 	}
 	t.Logf("UDP 10/90: %s", r)
-	expectShares(t, r, map[string]float64{"dns-1": 10, "dns-2": 90}, 2)
+	sandbox.ExpectShares(t, r, map[string]float64{"dns-1": 10, "dns-2": 90}, 2)
 }
 
 // TestOtherOrigins checks the split for connections that do not come from
@@ -174,6 +174,6 @@ func caseOtherOrigins(t *testing.T, m dpMode) {
 			t.Fatal(err)
 		}
 		t.Logf("from the %s: %s", origin, r)
-		expectShares(t, r, map[string]float64{"web-1": 10, "web-2": 90}, 3)
+		sandbox.ExpectShares(t, r, map[string]float64{"web-1": 10, "web-2": 90}, 3)
 	}
 }

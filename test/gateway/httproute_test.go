@@ -212,7 +212,7 @@ func TestHTTPRoute(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp, strings.TrimSpace(string(b))
 	}
-	poll(t, 30*time.Second, 100*time.Millisecond, "nginx serves the HTTPRoutes", func() (bool, string) {
+	sandbox.Poll(t, 30*time.Second, 100*time.Millisecond, "nginx serves the HTTPRoutes", func() (bool, string) {
 		resp, body := get("GET", "split.example", "/", nil)
 		return resp.StatusCode == 200, fmt.Sprintf("%d %s", resp.StatusCode, body)
 	})
@@ -330,7 +330,7 @@ func TestHTTPRoute(t *testing.T) {
 			if err := w.SetEndpoints(ctx, "s-a", pods...); err != nil {
 				t.Fatal(err)
 			}
-			poll(t, 15*time.Second, 50*time.Millisecond, "the L4 sync of the endpoint change", func() (bool, string) {
+			sandbox.Poll(t, 15*time.Second, 50*time.Millisecond, "the L4 sync of the endpoint change", func() (bool, string) {
 				return strings.Count(w.Agent.Log(), "msg=synced") > synced, "no new synced line"
 			})
 		}
@@ -347,7 +347,7 @@ func TestHTTPRoute(t *testing.T) {
 		if _, err := gc.GatewayV1().HTTPRoutes(harness.Namespace).Update(ctx, r, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		poll(t, 15*time.Second, 50*time.Millisecond, "a reload for the weight change", func() (bool, string) {
+		sandbox.Poll(t, 15*time.Second, 50*time.Millisecond, "a reload for the weight change", func() (bool, string) {
 			r2, _ := w.Metric(reloads)
 			return r2 >= r0+1, fmt.Sprint(r2)
 		})

@@ -64,7 +64,7 @@ func TestTCPRouteWeights(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectShares(t, r, map[string]float64{"a": 20, "b": 60, "c": 20}, 1)
+	sandbox.ExpectShares(t, r, map[string]float64{"a": 20, "b": 60, "c": 20}, 1)
 
 	// Route weight changes against annotation changes: five of each,
 	// alternating, each timed from the API write to explain showing it.
@@ -112,7 +112,7 @@ func TestUDPRouteAndServiceParent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectShares(t, r, map[string]float64{"a": 30, "b": 70}, 1)
+	sandbox.ExpectShares(t, r, map[string]float64{"a": 30, "b": 70}, 1)
 
 	e.waitShares("198.18.0.22", dataplane.TCP, map[string]float64{a.ip: 50, b.ip: 50}, 10*time.Second)
 	e.tcpRoute(testNS, "canary", []gwv1.ParentReference{serviceParent("front")}, ref("", "s1", 90), ref("", "s2", 10))
@@ -126,7 +126,7 @@ func TestUDPRouteAndServiceParent(t *testing.T) {
 		t.Errorf("front's UDP port: %+v, want the annotation's split", v)
 	}
 	waitCondition(t, "TCPRoute canary", "Accepted", metav1.ConditionTrue, "Accepted", e.tcpRouteConds(testNS, "canary", "front"))
-	poll(t, 15*time.Second, 100*time.Millisecond, "Event: the route wins over the annotation", func() (bool, string) {
+	sandbox.Poll(t, 15*time.Second, 100*time.Millisecond, "Event: the route wins over the annotation", func() (bool, string) {
 		for _, ev := range e.events(testNS, "Service", "front") {
 			if ev.Reason == controller.ReasonRouteWins && strings.Contains(ev.Message, "canary") {
 				t.Logf("Event %s %s: %s", ev.Type, ev.Reason, ev.Message)
@@ -139,7 +139,7 @@ func TestUDPRouteAndServiceParent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectShares(t, rc, map[string]float64{"a": 90, "b": 10}, 1)
+	sandbox.ExpectShares(t, rc, map[string]float64{"a": 90, "b": 10}, 1)
 	e.waitVerify()
 }
 
@@ -213,14 +213,14 @@ func TestStatusAndReferenceGrant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectShares(t, r, map[string]float64{"o": 100}, 0)
+	sandbox.ExpectShares(t, r, map[string]float64{"o": 100}, 0)
 
 	// The good route was never touched.
 	r, err = e.client.TCPConns(netip.AddrPortFrom(addr, 80), 1000, sandbox.Load{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectShares(t, r, map[string]float64{"a": 100}, 0)
+	sandbox.ExpectShares(t, r, map[string]float64{"a": 100}, 0)
 	waitCondition(t, "TCPRoute good", "ResolvedRefs", metav1.ConditionTrue, "ResolvedRefs", e.tcpRouteConds(testNS, "good", "gw"))
 	e.waitVerify()
 }

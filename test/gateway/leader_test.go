@@ -70,7 +70,7 @@ func TestStatusLeaderFailover(t *testing.T) {
 	waitCondition(t, "TCPRoute web", "Accepted", metav1.ConditionTrue, "Accepted", e.tcpRouteConds(testNS, "web", "gw"))
 	want := map[string]float64{a.ip: 50, b.ip: 50}
 	e.waitShares(addr.String(), dataplane.TCP, want, 15*time.Second)
-	poll(t, 15*time.Second, 50*time.Millisecond, "node2 programming the route", func() (bool, string) {
+	sandbox.Poll(t, 15*time.Second, 50*time.Millisecond, "node2 programming the route", func() (bool, string) {
 		out, _, err := sb2.Node.Exec2(steelyardBin, "explain", "-o", "json")
 		if err != nil {
 			return false, err.Error()
@@ -83,7 +83,7 @@ func TestStatusLeaderFailover(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Logf("through %s:", name)
-		expectShares(t, r, map[string]float64{"a": 50, "b": 50}, 4.5) // sigma 1.1 points
+		sandbox.ExpectShares(t, r, map[string]float64{"a": 50, "b": 50}, 4.5) // sigma 1.1 points
 	}
 
 	holder := func() string {
@@ -94,7 +94,7 @@ func TestStatusLeaderFailover(t *testing.T) {
 		return *l.Spec.HolderIdentity
 	}
 	var first string
-	poll(t, 20*time.Second, 100*time.Millisecond, "a Lease holder", func() (bool, string) {
+	sandbox.Poll(t, 20*time.Second, 100*time.Millisecond, "a Lease holder", func() (bool, string) {
 		first = holder()
 		return first != "", "none"
 	})
@@ -112,7 +112,7 @@ func TestStatusLeaderFailover(t *testing.T) {
 		t.Logf("stopping %s: %v", first, err)
 	}
 	e.setTCPWeights(testNS, "web", 1, 3)
-	poll(t, 30*time.Second, 50*time.Millisecond, "the other agent writing status of generation 2", func() (bool, string) {
+	sandbox.Poll(t, 30*time.Second, 50*time.Millisecond, "the other agent writing status of generation 2", func() (bool, string) {
 		cs, err := e.tcpRouteConds(testNS, "web", "gw")()
 		if err != nil || len(cs) == 0 {
 			return false, "no status"
@@ -129,7 +129,7 @@ func TestStatusLeaderFailover(t *testing.T) {
 	if second == nodeName {
 		survivor = e.sb
 	}
-	poll(t, 10*time.Second, 50*time.Millisecond, "the survivor programming 25/75", func() (bool, string) {
+	sandbox.Poll(t, 10*time.Second, 50*time.Millisecond, "the survivor programming 25/75", func() (bool, string) {
 		out, _, err := survivor.Node.Exec2(steelyardBin, "explain", "-o", "json")
 		if err != nil {
 			return false, err.Error()

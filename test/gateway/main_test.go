@@ -9,7 +9,6 @@ package gateway
 import (
 	"encoding/json"
 	"fmt"
-	"math"
 	"net/netip"
 	"net/url"
 	"os"
@@ -180,7 +179,7 @@ func installCRDs(t *testing.T, cp *controlplane.ControlPlane) {
 		}
 	}
 	for _, n := range names {
-		poll(t, 30*time.Second, 100*time.Millisecond, "CRD "+n+" Established", func() (bool, string) {
+		sandbox.Poll(t, 30*time.Second, 100*time.Millisecond, "CRD "+n+" Established", func() (bool, string) {
 			u, err := crds.Get(t.Context(), n, metav1.GetOptions{})
 			if err != nil {
 				return false, err.Error()
@@ -223,7 +222,7 @@ func (e *env) startAgentWith(kubeconfig string, extra ...string) *sandbox.Agent 
 		e.t.Fatal(err)
 	}
 	e.agent = a
-	poll(e.t, 30*time.Second, 20*time.Millisecond, "the agent's first sync", func() (bool, string) {
+	sandbox.Poll(e.t, 30*time.Second, 20*time.Millisecond, "the agent's first sync", func() (bool, string) {
 		if exited, err := a.Exited(); exited {
 			e.t.Fatalf("agent exited: %v\n%s", err, a.Log())
 		}
@@ -381,7 +380,7 @@ func (e *env) setTCPWeights(ns, name string, ws ...int32) {
 func (e *env) gatewayAddress(name string) netip.Addr {
 	e.t.Helper()
 	var addr netip.Addr
-	poll(e.t, 20*time.Second, 50*time.Millisecond, "Gateway "+name+" status.addresses", func() (bool, string) {
+	sandbox.Poll(e.t, 20*time.Second, 50*time.Millisecond, "Gateway "+name+" status.addresses", func() (bool, string) {
 		g, err := e.gw.GatewayV1().Gateways(testNS).Get(e.t.Context(), name, metav1.GetOptions{})
 		if err != nil || len(g.Status.Addresses) == 0 {
 			return false, fmt.Sprint(err)
@@ -397,7 +396,7 @@ func (e *env) gatewayAddress(name string) netip.Addr {
 func waitCondition(t *testing.T, what, typ string, status metav1.ConditionStatus, reason string, conds func() ([]metav1.Condition, error)) metav1.Condition {
 	t.Helper()
 	var found metav1.Condition
-	poll(t, 20*time.Second, 50*time.Millisecond, fmt.Sprintf("%s: %s=%s (%s)", what, typ, status, reason), func() (bool, string) {
+	sandbox.Poll(t, 20*time.Second, 50*time.Millisecond, fmt.Sprintf("%s: %s=%s (%s)", what, typ, status, reason), func() (bool, string) {
 		cs, err := conds()
 		if err != nil {
 			return false, err.Error()
@@ -505,7 +504,7 @@ func (e *env) waitShares(ip string, proto dataplane.Protocol, want map[string]fl
 func (e *env) waitSharesPort(ip string, port uint16, proto dataplane.Protocol, want map[string]float64, timeout time.Duration) (time.Duration, dataplane.ServiceView) {
 	e.t.Helper()
 	var view dataplane.ServiceView
-	took := poll(e.t, timeout, 10*time.Millisecond, fmt.Sprintf("explain %s:%d/%s showing %v", ip, port, proto, want), func() (bool, string) {
+	took := sandbox.Poll(e.t, timeout, 10*time.Millisecond, fmt.Sprintf("explain %s:%d/%s showing %v", ip, port, proto, want), func() (bool, string) {
 		v := findView(e.explain(), ip, port, proto)
 		if v == nil {
 			return false, "not in explain"
@@ -527,7 +526,7 @@ func (e *env) verify() (string, int) {
 
 func (e *env) waitVerify() {
 	e.t.Helper()
-	poll(e.t, 10*time.Second, 100*time.Millisecond, "verify --gateway", func() (bool, string) {
+	sandbox.Poll(e.t, 10*time.Second, 100*time.Millisecond, "verify --gateway", func() (bool, string) {
 		out, code := e.verify()
 		return code == 0, fmt.Sprintf("exit %d:\n%s", code, out)
 	})
@@ -547,49 +546,6 @@ func (e *env) events(ns, kind, name string) []corev1.Event {
 		}
 	}
 	return out
-}
-
-func poll(t testing.TB, timeout, interval time.Duration, what string, f func() (bool, string)) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for {
-		ok, detail := f()
-		if ok {
-			return time.Since(start)
-		}
-		if time.Since(start) > timeout {
-			t.Fatalf("%s: not after %v: %s", what, timeout, detail)
-		}
-		time.Sleep(interval)
-	}
-}
-
-// expectShares checks that no connection failed and each pod's observed
-// share is within tol points of want, logging every figure.
-func expectShares(t *testing.T, r sandbox.Result, want map[string]float64, tol float64) {
-	t.Helper()
-	t.Logf("%v", r)
-	if r.Failed() > 0 || r.Attempted != r.Requested {
-		t.Errorf("%d of %d failed, %d not attempted: %v", r.Failed(), r.Requested, r.Requested-r.Attempted, r.Errors)
-	}
-	names := make([]string, 0, len(want))
-	for n := range want {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		got := r.Share(n)
-		sigma := 100 * math.Sqrt(want[n]/100*(1-want[n]/100)/float64(max(r.OK(), 1)))
-		t.Logf("  %-4s configured %6.2f%%  observed %6.2f%%  diff %+.2f points (sigma %.2f, tolerance %.1f)", n, want[n], got, got-want[n], sigma, tol)
-		if math.Abs(got-want[n]) > tol {
-			t.Errorf("%s: observed %.2f%%, configured %.2f%%", n, got, want[n])
-		}
-	}
-	for n, c := range r.Counts {
-		if _, ok := want[n]; !ok {
-			t.Errorf("%s answered %d connections but is not a configured backend", n, c)
-		}
-	}
 }
 
 // median of durations.

@@ -64,7 +64,7 @@ func TestRBACNftables(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectShares(t, r, map[string]float64{"a": 20, "b": 80}, 1)
+	sandbox.ExpectShares(t, r, map[string]float64{"a": 20, "b": 80}, 1)
 	e.waitVerify()
 	if log := e.agent.Log(); strings.Contains(log, "forbidden") {
 		t.Errorf("the agent was refused something:\n%s", grepLines(log, "forbidden"))

@@ -45,7 +45,7 @@ func TestEndpointChurn(t *testing.T) {
 		}
 		return 0
 	}
-	poll(t, 10*time.Second, 20*time.Millisecond, "5 backends", func() (bool, string) {
+	sandbox.Poll(t, 10*time.Second, 20*time.Millisecond, "5 backends", func() (bool, string) {
 		return backends() == 5, fmt.Sprintf("%d backends", backends())
 	})
 

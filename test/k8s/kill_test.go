@@ -269,7 +269,7 @@ func TestKillDuringSync(t *testing.T) {
 		}
 		// An iptables-restore the agent started finishes (or fails) on its
 		// own; look at the kernel once nothing runs in the node namespace.
-		poll(t, 10*time.Second, 5*time.Millisecond, "the node namespace to empty", func() (bool, string) {
+		sandbox.Poll(t, 10*time.Second, 5*time.Millisecond, "the node namespace to empty", func() (bool, string) {
 			pids := nsPids(e.sb.Node.Name)
 			return len(pids) == 0, fmt.Sprintf("processes %v", pids)
 		})

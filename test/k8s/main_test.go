@@ -298,7 +298,7 @@ func (e *env) startAgent(kubeconfig string, extra ...string) *sandbox.Agent {
 // waitSynced waits until the agent's log shows a completed sync.
 func (e *env) waitSynced(a *sandbox.Agent, timeout time.Duration) {
 	e.t.Helper()
-	poll(e.t, timeout, 20*time.Millisecond, "the agent's first sync", func() (bool, string) {
+	sandbox.Poll(e.t, timeout, 20*time.Millisecond, "the agent's first sync", func() (bool, string) {
 		if exited, err := a.Exited(); exited {
 			e.t.Fatalf("agent exited: %v\n%s", err, tail(a.Log(), 30))
 		}
@@ -346,7 +346,7 @@ func (e *env) verify(extra ...string) (string, int) {
 // waitVerify polls verify until it passes and returns how long that took.
 func (e *env) waitVerify(timeout time.Duration, extra ...string) time.Duration {
 	e.t.Helper()
-	return poll(e.t, timeout, 100*time.Millisecond, "verify --kubeconfig", func() (bool, string) {
+	return sandbox.Poll(e.t, timeout, 100*time.Millisecond, "verify --kubeconfig", func() (bool, string) {
 		out, code := e.verify(extra...)
 		return code == 0, fmt.Sprintf("exit %d:\n%s", code, out)
 	})
@@ -356,56 +356,10 @@ func (e *env) waitVerify(timeout time.Duration, extra ...string) time.Duration {
 // and returns how long that took.
 func (e *env) waitShares(vip string, want map[string]float64, timeout time.Duration) time.Duration {
 	e.t.Helper()
-	return poll(e.t, timeout, 20*time.Millisecond, "explain "+vip+" showing "+fmt.Sprint(want), func() (bool, string) {
+	return sandbox.Poll(e.t, timeout, 20*time.Millisecond, "explain "+vip+" showing "+fmt.Sprint(want), func() (bool, string) {
 		got := viewcheck.Shares(viewcheck.Find(e.explain(), vip, servicePort))
 		return viewcheck.Same(got, want), fmt.Sprintf("explain shows %v", got)
 	})
-}
-
-// poll calls f every interval until it reports done, and returns the time
-// that took; after timeout it fails the test with f's last detail.
-func poll(t testing.TB, timeout, interval time.Duration, what string, f func() (bool, string)) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for {
-		ok, detail := f()
-		if ok {
-			return time.Since(start)
-		}
-		if time.Since(start) > timeout {
-			t.Fatalf("%s: not after %v: %s", what, timeout, detail)
-		}
-		time.Sleep(interval)
-	}
-}
-
-// expectShares checks that no connection failed, that each pod's observed
-// share is within tol points of want, and that no other pod answered. It
-// logs each figure with its standard deviation.
-func expectShares(t *testing.T, r sandbox.Result, want map[string]float64, tol float64) {
-	t.Helper()
-	t.Logf("%v", r)
-	if r.Failed() > 0 || r.Attempted != r.Requested {
-		t.Errorf("%d of %d connections failed, %d not attempted: %v", r.Failed(), r.Requested, r.Requested-r.Attempted, r.Errors)
-	}
-	names := make([]string, 0, len(want))
-	for n := range want {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		got := r.Share(n)
-		sigma := 100 * math.Sqrt(want[n]/100*(1-want[n]/100)/float64(max(r.OK(), 1)))
-		t.Logf("  %-4s configured %6.2f%%  observed %6.2f%%  diff %+.2f points (sigma %.2f, tolerance %.1f)", n, want[n], got, got-want[n], sigma, tol)
-		if math.Abs(got-want[n]) > tol {
-			t.Errorf("%s: observed %.2f%%, configured %.2f%%: off by more than %.1f points", n, got, want[n], tol)
-		}
-	}
-	for n, c := range r.Counts {
-		if _, ok := want[n]; !ok {
-			t.Errorf("%s answered %d connections but is not a configured backend", n, c)
-		}
-	}
 }
 
 func vipPort(vip string) netip.AddrPort {
@@ -534,7 +488,7 @@ func (e *env) events(name string) []corev1.Event {
 func (e *env) waitEvent(name, reason, substr string, timeout time.Duration) corev1.Event {
 	e.t.Helper()
 	var found corev1.Event
-	took := poll(e.t, timeout, 100*time.Millisecond, "Event "+reason+" on Service "+name, func() (bool, string) {
+	took := sandbox.Poll(e.t, timeout, 100*time.Millisecond, "Event "+reason+" on Service "+name, func() (bool, string) {
 		evs := e.events(name)
 		for _, ev := range evs {
 			if ev.Reason == reason && strings.Contains(ev.Message, substr) {

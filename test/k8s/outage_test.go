@@ -123,7 +123,7 @@ func TestAPIServerOutage(t *testing.T) {
 	if total.Failed() > 0 || total.Attempted != total.Requested {
 		t.Errorf("%d of %d connections failed during the outage (%v)", total.Failed(), total.Requested, total.Errors)
 	}
-	expectShares(t, total, map[string]float64{"o1": 30, "o2": 70}, 2)
+	sandbox.ExpectShares(t, total, map[string]float64{"o1": 30, "o2": 70}, 2)
 	during := e.agent.Log()[logAtStop:]
 	syncs := syncedLines(during)
 	fullSyncs := len(regexp.MustCompile(`msg=synced.* full=true`).FindAllString(during, -1))
@@ -152,7 +152,7 @@ func TestAPIServerOutage(t *testing.T) {
 	downRE := regexp.MustCompile(`level=warning msg="API server unreachable[^"]*".* error=[^\n]+`)
 	backRE := regexp.MustCompile(`level=info msg="API server reachable again" down_for=([0-9.a-zµ]+)`)
 	var since string
-	poll(t, maxRecovery, 50*time.Millisecond, "the agent's \"API server reachable again\" line", func() (bool, string) {
+	sandbox.Poll(t, maxRecovery, 50*time.Millisecond, "the agent's \"API server reachable again\" line", func() (bool, string) {
 		since = e.agent.Log()[logAtStop:]
 		return backRE.MatchString(since), "not logged yet"
 	})
@@ -183,5 +183,5 @@ func TestAPIServerOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	// 4,000 at 70/30: sigma 0.72 points; 3.5 points is 4.8 sigma.
-	expectShares(t, r, map[string]float64{"o1": 70, "o2": 30}, 3.5)
+	sandbox.ExpectShares(t, r, map[string]float64{"o1": 70, "o2": 30}, 3.5)
 }

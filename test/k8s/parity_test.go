@@ -98,7 +98,7 @@ func TestParityFromTheAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("node port: %s", r)
-	expectShares(t, r, map[string]float64{local.pod: 100}, 0)
+	sandbox.ExpectShares(t, r, map[string]float64{local.pod: 100}, 0)
 	code, body, err := e.client.HTTPGet("http://"+sandbox.NodeLANIP.String()+":"+strconv.Itoa(int(hcPort))+"/", 2*time.Second)
 	if err != nil {
 		t.Fatal(err)

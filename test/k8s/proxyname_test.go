@@ -68,7 +68,7 @@ func TestServiceProxyName(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			expectShares(t, r, map[string]float64{"p1": 100}, 0)
+			sandbox.ExpectShares(t, r, map[string]float64{"p1": 100}, 0)
 		}
 		// The API server's own Service (198.18.0.1:443, no endpoints here)
 		// is unlabelled too.

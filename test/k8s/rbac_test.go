@@ -84,7 +84,7 @@ func TestRBAC(t *testing.T) {
 	}
 	// The RBAC authorizer reads the new binding through an informer: wait
 	// until it is in force, so the agent does not start into Forbidden.
-	poll(t, 10*time.Second, 100*time.Millisecond, "the ClusterRoleBinding to take effect", func() (bool, string) {
+	sandbox.Poll(t, 10*time.Second, 100*time.Millisecond, "the ClusterRoleBinding to take effect", func() (bool, string) {
 		_, err := sa.CoreV1().Services("").List(context.Background(), metav1.ListOptions{Limit: 1})
 		return err == nil, fmt.Sprint(err)
 	})
@@ -103,7 +103,7 @@ func TestRBAC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectShares(t, r, map[string]float64{"r1": 20, "r2": 80}, 3)
+	sandbox.ExpectShares(t, r, map[string]float64{"r1": 20, "r2": 80}, 3)
 	e.waitEvent("rbac-bad", controller.ReasonInvalidWeights, weightsKey, 15*time.Second)
 	if log := e.agent.Log(); strings.Contains(strings.ToLower(log), "forbidden") {
 		t.Errorf("the agent was refused something:\n%s", grepLines(log, "forbidden"))

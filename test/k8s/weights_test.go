@@ -38,7 +38,7 @@ func TestWeightsThroughAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectShares(t, r, map[string]float64{"a": 10, "b": 90}, 1)
+	sandbox.ExpectShares(t, r, map[string]float64{"a": 10, "b": 90}, 1)
 
 	e.annotate("web", weightsKey, "a=50,b=50")
 	took = e.waitShares(vip, map[string]float64{a.ip: 50, b.ip: 50}, 10*time.Second)
@@ -48,7 +48,7 @@ func TestWeightsThroughAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectShares(t, r, map[string]float64{"a": 50, "b": 50}, 2.5)
+	sandbox.ExpectShares(t, r, map[string]float64{"a": 50, "b": 50}, 2.5)
 
 	chains := serviceChains(e.ruleset(), testNS+"/web")
 	t.Logf("chains of %s/web before the delete: %v", testNS, chains)
@@ -60,7 +60,7 @@ func TestWeightsThroughAPI(t *testing.T) {
 	if err := e.admin.CoreV1().Services(testNS).Delete(t.Context(), "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	took = poll(t, 10*time.Second, 20*time.Millisecond, "explain dropping "+vip, func() (bool, string) {
+	took = sandbox.Poll(t, 10*time.Second, 20*time.Millisecond, "explain dropping "+vip, func() (bool, string) {
 		v := viewcheck.Find(e.explain(), vip, servicePort)
 		return v == nil, "still listed"
 	})
@@ -113,7 +113,7 @@ func TestInvalidWeightsEvent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectShares(t, r, map[string]float64{"g1": 25, "g2": 75}, 3)
+	sandbox.ExpectShares(t, r, map[string]float64{"g1": 25, "g2": 75}, 3)
 	if got := e.metrics()["steelyard_invalid_input"]; got != 1 {
 		t.Errorf("steelyard_invalid_input = %v, want 1", got)
 	}
@@ -131,12 +131,12 @@ func TestInvalidWeightsEvent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectShares(t, r, map[string]float64{"g1": 75, "g2": 25}, 3)
+	sandbox.ExpectShares(t, r, map[string]float64{"g1": 75, "g2": 25}, 3)
 
 	// Fixed: bad takes its weights, the gauge drops to 0.
 	e.annotate("bad", weightsKey, "g1=1,g2=3")
 	e.waitShares(badVIP, map[string]float64{g1.ip: 25, g2.ip: 75}, 10*time.Second)
-	poll(t, 5*time.Second, 50*time.Millisecond, "steelyard_invalid_input back to 0", func() (bool, string) {
+	sandbox.Poll(t, 5*time.Second, 50*time.Millisecond, "steelyard_invalid_input back to 0", func() (bool, string) {
 		v := e.metrics()["steelyard_invalid_input"]
 		return v == 0, fmt.Sprintf("it is %v", v)
 	})
