@@ -103,8 +103,41 @@ func (p *Proxier) Explain() ([]dataplane.ServiceView, error) {
 			views = append(views, v)
 		}
 	}
+	// Masquerading happens in fixed chains every marked connection passes:
+	// without them hairpin and off-cluster connections keep their source,
+	// which no share shows, so every forwarded view carries the problem.
+	if problem := snap.masqueradeProblem(); problem != "" {
+		for i := range views {
+			if len(views[i].Backends) > 0 {
+				views[i].Problems = append(views[i].Problems, problem)
+			}
+		}
+	}
 	dataplane.SortViews(views)
 	return views, nil
+}
+
+// masqueradeProblem reports what is missing for marked connections to be
+// masqueraded: nat postrouting jumping to the masquerading chain, which
+// masquerades, and the chain that sets the mark.
+func (s *snapshot) masqueradeProblem() string {
+	has := func(chain, what string) bool {
+		for _, r := range s.chains[chain] {
+			if strings.Contains(r, what) {
+				return true
+			}
+		}
+		return false
+	}
+	switch {
+	case !has(chainNATPostrouting, "jump "+chainMasquerading):
+		return "hairpin: nat postrouting does not jump to " + chainMasquerading + ": marked connections are not masqueraded"
+	case !has(chainMasquerading, "masquerade"):
+		return "hairpin: chain " + chainMasquerading + " does not masquerade: marked connections keep their source"
+	case !has(chainMarkMasq, "meta mark set"):
+		return "hairpin: chain " + chainMarkMasq + " sets no mark: connections are not marked for masquerading"
+	}
+	return ""
 }
 
 // viewOf starts the view of a shared map element.

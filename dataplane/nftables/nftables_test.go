@@ -302,3 +302,26 @@ func TestPartialSyncAfterFlushGoesFull(t *testing.T) {
 		t.Errorf("not repaired:\n%s", strings.Join(diff, "\n"))
 	}
 }
+
+// Explain reads the fixed masquerading chains too: flushed, every
+// forwarded VIP carries a hairpin problem (no share shows it).
+func TestExplainSeesMasqueradingFlushed(t *testing.T) {
+	p, nft := newTest(t, 4)
+	st := dataplane.State{Services: []dataplane.ServicePort{svcPort("a", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2", 8080, 1))}}
+	if _, err := p.Sync(st, dataplane.FullSync); err != nil {
+		t.Fatal(err)
+	}
+	views, err := p.Explain()
+	if err != nil || len(views) != 1 || len(views[0].Problems) != 0 {
+		t.Fatalf("before: %+v, %v; want one view without problems", views, err)
+	}
+	tx := nft.NewTransaction()
+	tx.Flush(&knftables.Chain{Name: chainMasquerading})
+	if err := nft.Run(context.Background(), tx); err != nil {
+		t.Fatal(err)
+	}
+	views, err = p.Explain()
+	if err != nil || len(views) != 1 || len(views[0].Problems) != 1 || !strings.Contains(views[0].Problems[0], "hairpin") {
+		t.Fatalf("after a flush of %s: %+v, %v; want one hairpin problem", chainMasquerading, views, err)
+	}
+}

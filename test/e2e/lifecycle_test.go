@@ -222,6 +222,10 @@ func caseExplainVerifyAndRepair(t *testing.T, m dpMode) {
 	if out, code := f.verify(); code != 0 {
 		t.Fatalf("verify: exit %d:\n%s", code, out)
 	}
+	if m.flavour == "" { // nftables: the same faults, made with nft
+		repairNft(t, f)
+		return
+	}
 
 	save, err := f.sb.Node.Exec(iptablesCmd(f.m.flavour, "iptables-save"), "-t", "nat")
 	if err != nil {
@@ -425,4 +429,45 @@ func diffLines(a, b []string) string {
 	}
 	sort.Strings(out)
 	return strings.Join(out, "\n")
+}
+
+// repairNft breaks the nftables table by hand as the iptables branch of
+// caseExplainVerifyAndRepair does (the VIP's element of the service-ips
+// map, then the masquerading chain): verify reports each fault and the
+// next full sync repairs it.
+func repairNft(t *testing.T, f *fixture) {
+	t.Helper()
+	for _, fault := range []struct {
+		what string
+		cmd  []string
+		// want is in verify's output while the fault is there.
+		want string
+	}{
+		{"the VIP's service-ips element deleted", []string{"nft", "delete", "element", "ip", "steelyard", "service-ips", "{ 198.18.0.10 . tcp . 80 }"}, "198.18.0.10:80/TCP"},
+		{"the masquerading chain flushed", []string{"nft", "flush", "chain", "ip", "steelyard", "masquerading"}, "hairpin"},
+	} {
+		// The agent re-syncs every second: try a few times to catch the
+		// broken state.
+		var out string
+		code := 0
+		for try := 1; try <= 5 && code == 0; try++ {
+			if _, err := f.sb.Node.Exec(fault.cmd...); err != nil {
+				if try == 1 {
+					t.Fatalf("%s: %v", fault.what, err)
+				}
+				continue // repaired and broken again in between: retry
+			}
+			out, code = f.verify()
+		}
+		t.Logf("verify after %s: exit %d:\n%s", fault.what, code, out)
+		if code != 1 {
+			t.Fatalf("verify exit %d after %s, want 1", code, fault.what)
+		}
+		if !strings.Contains(out, fault.want) {
+			t.Errorf("verify output after %s does not name %q", fault.what, fault.want)
+		}
+		start := time.Now()
+		f.waitVerify(5 * time.Second)
+		t.Logf("%s: repaired by the full sync after %s", fault.what, time.Since(start).Round(time.Millisecond))
+	}
 }

@@ -74,7 +74,7 @@ var kernelCases = []kernelCase{
 	{name: "RejectWithoutEndpoints", run: caseRejectWithoutEndpoints},
 	{name: "Hairpin", run: caseHairpin},
 	{name: "ResyncOnFileChange", run: caseResyncOnFileChange},
-	{name: "ExplainVerifyAndRepair", needs: []feature{featIPTablesEdits}, run: caseExplainVerifyAndRepair},
+	{name: "ExplainVerifyAndRepair", run: caseExplainVerifyAndRepair},
 	{name: "CleanupRemovesOnlySteelyard", run: caseCleanupRemovesOnlySteelyard},
 	// canary_test.go
 	{name: "PeriodicSyncRepairsFlushedTables", needs: []feature{featCanary, featIPTablesEdits}, run: casePeriodicSyncRepairsFlushedTables},
