@@ -19,6 +19,10 @@ func casePeriodicSyncRepairsFlushedTables(t *testing.T, m dpMode) {
 	f.addPods(webService)
 	f.write("web.yaml", webService)
 	f.start("--sync-period", "1s")
+	if m.flavour == "" {
+		nftRepairsFlush(t, f)
+		return
+	}
 	ipt := func(args ...string) {
 		t.Helper()
 		if _, err := f.sb.Node.Exec(append([]string{iptablesCmd(f.m.flavour, "iptables")}, args...)...); err != nil {
@@ -58,4 +62,47 @@ func casePeriodicSyncRepairsFlushedTables(t *testing.T, m dpMode) {
 	if !strings.Contains(f.agent.Log()[logBefore:], "canary rule missing") {
 		t.Errorf("the agent did not log the missing canary:\n%s", f.agent.Log()[logBefore:])
 	}
+}
+
+// nftRepairsFlush is the nftables branch of
+// casePeriodicSyncRepairsFlushedTables: a hand edit inside the table stays
+// through the periodic (partial) syncs, and "nft flush ruleset" is
+// repaired by the next one, which finds the table gone.
+func nftRepairsFlush(t *testing.T, f *fixture) {
+	t.Helper()
+	nft := func(args ...string) {
+		t.Helper()
+		if _, err := f.sb.Node.Exec(append([]string{"nft"}, args...)...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nft("delete", "element", "ip", "steelyard", "service-ips", "{ 198.18.0.10 . tcp . 80 }")
+	time.Sleep(3500 * time.Millisecond)
+	out, code := f.verify()
+	if code != 1 {
+		t.Fatalf("verify exit %d 3.5 s after a hand edit with --full-sync-period 1h, want 1 (periodic syncs are partial):\n%s", code, out)
+	}
+	if n := agentFullSyncs(f.agent.Log()); n != 1 {
+		t.Errorf("%d full syncs, want only the first", n)
+	}
+	logBefore := len(f.agent.Log())
+	flushed := time.Now()
+	nft("flush", "ruleset")
+	f.waitVerify(5 * time.Second)
+	t.Logf("flushed ruleset repaired after %s", time.Since(flushed).Round(time.Millisecond))
+	if !strings.Contains(f.agent.Log()[logBefore:], "is gone (flushed?)") {
+		t.Errorf("the agent did not log the missing table:\n%s", f.agent.Log()[logBefore:])
+	}
+}
+
+// agentFullSyncs counts the agent's full syncs in its log (the agent's own
+// summary line; dataplanes log theirs per IP family).
+func agentFullSyncs(log string) int {
+	n := 0
+	for _, l := range strings.Split(log, "\n") {
+		if strings.Contains(l, "full=true") && strings.Contains(l, "subsys=agent") {
+			n++
+		}
+	}
+	return n
 }

@@ -38,21 +38,13 @@ const (
 	featLoadBalancer feature = "load-balancer IPs and loadBalancerSourceRanges"
 	featLocalPolicy  feature = "Local traffic policies"
 	featAffinity     feature = "sessionAffinity ClientIP"
-	// featCanary: a partial (periodic) sync notices flushed tables and
-	// resyncs at once.
-	featCanary feature = "flushed tables repaired by the next periodic sync (canary)"
-	// featIPTablesEdits: the case breaks rules by hand with iptables
-	// commands; its nft twin (deleting rules by handle) is not written.
-	featIPTablesEdits feature = "hand edits made with iptables (the case's nft twin is not written)"
 )
 
 // notYet is THE one place that says which features a mode does not serve
 // yet: a case that needs one is skipped in that mode only, with
-// "nftables: not yet: ...". Work on the nftables dataplane drops lines
-// here; nothing else in the suite knows.
-var notYet = map[string][]feature{
-	"nftables": {featCanary, featIPTablesEdits},
-}
+// "<mode>: not yet: ...". Empty: every mode serves every case (a new
+// dataplane starts here with its gaps listed).
+var notYet = map[string][]feature{}
 
 // kernelCase is one row of the suite.
 type kernelCase struct {
@@ -77,7 +69,7 @@ var kernelCases = []kernelCase{
 	{name: "ExplainVerifyAndRepair", run: caseExplainVerifyAndRepair},
 	{name: "CleanupRemovesOnlySteelyard", run: caseCleanupRemovesOnlySteelyard},
 	// canary_test.go
-	{name: "PeriodicSyncRepairsFlushedTables", needs: []feature{featCanary, featIPTablesEdits}, run: casePeriodicSyncRepairsFlushedTables},
+	{name: "PeriodicSyncRepairsFlushedTables", run: casePeriodicSyncRepairsFlushedTables},
 	// parity_test.go
 	{name: "NodePort", needs: []feature{featNodePort}, run: caseNodePort},
 	{name: "NodePortUDP", needs: []feature{featNodePort}, run: caseNodePortUDP},
