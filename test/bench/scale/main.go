@@ -23,29 +23,8 @@ import (
 	"github.com/steelyard-net/steelyard/dataplane"
 	"github.com/steelyard-net/steelyard/dataplane/iptables"
 	"github.com/steelyard-net/steelyard/dataplane/nftables"
+	"github.com/steelyard-net/steelyard/test/bench/scale/point"
 )
-
-// Result is one measured point; times in seconds.
-type Result struct {
-	Dataplane string  `json:"dataplane"`
-	Services  int     `json:"services"`
-	Endpoints int     `json:"endpoints"`
-	First     float64 `json:"first_sync_s"`
-	Partial   float64 `json:"partial_sync_s"`
-	Full      float64 `json:"full_resync_s"`
-	Explain   float64 `json:"explain_s"`
-	List      float64 `json:"list_s"`
-	RSSMiB    float64 `json:"rss_mib"`
-	// CPU seconds (user + system, this process and its nft children) of
-	// the same steps: what a step costs when other jobs share the cores.
-	FirstCPU   float64 `json:"first_sync_cpu_s"`
-	PartialCPU float64 `json:"partial_sync_cpu_s"`
-	FullCPU    float64 `json:"full_resync_cpu_s"`
-	ExplainCPU float64 `json:"explain_cpu_s"`
-	ListCPU    float64 `json:"list_cpu_s"`
-	// LoadAvg is the 1-minute load average at the end of the run.
-	LoadAvg string `json:"loadavg"`
-}
 
 // cpu returns the CPU seconds used so far by this process and its waited-for
 // children.
@@ -87,7 +66,7 @@ func main() {
 	default:
 		fail(fmt.Errorf("-dataplane %q: want nftables or iptables-legacy", *dp))
 	}
-	r := Result{Dataplane: *dp, Services: *services, Endpoints: *endpoints}
+	r := point.Result{Dataplane: *dp, Services: *services, Endpoints: *endpoints}
 	var lastCPU float64
 	timed := func(f func() error) float64 {
 		start, c := time.Now(), cpu()

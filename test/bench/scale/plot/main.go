@@ -13,6 +13,7 @@ import (
 	"sort"
 	"text/tabwriter"
 
+	"github.com/steelyard-net/steelyard/test/bench/scale/point"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
@@ -20,32 +21,13 @@ import (
 	"gonum.org/v1/plot/vg/vgimg"
 )
 
-type result struct {
-	Dataplane string  `json:"dataplane"`
-	Services  int     `json:"services"`
-	Endpoints int     `json:"endpoints"`
-	First     float64 `json:"first_sync_s"`
-	Partial   float64 `json:"partial_sync_s"`
-	Full      float64 `json:"full_resync_s"`
-	Explain   float64 `json:"explain_s"`
-	List      float64 `json:"list_s"`
-	RSSMiB    float64 `json:"rss_mib"`
-	// CPU seconds of the same steps.
-	FirstCPU   float64 `json:"first_sync_cpu_s"`
-	PartialCPU float64 `json:"partial_sync_cpu_s"`
-	FullCPU    float64 `json:"full_resync_cpu_s"`
-	ExplainCPU float64 `json:"explain_cpu_s"`
-	ListCPU    float64 `json:"list_cpu_s"`
-	LoadAvg    string  `json:"loadavg"`
-}
-
 func main() {
 	out := flag.String("o", "docs/bench-scale.svg", "output file (.svg or .png)")
 	flag.Parse()
-	var rs []result
+	var rs []point.Result
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
-		var r result
+		var r point.Result
 		if err := json.Unmarshal(sc.Bytes(), &r); err == nil && r.Services > 0 {
 			rs = append(rs, r)
 		}
@@ -68,14 +50,14 @@ func main() {
 	metrics := []struct {
 		title string
 		unit  string
-		get   func(result) float64
+		get   func(point.Result) float64
 	}{
-		{"first sync", "seconds", func(r result) float64 { return r.First }},
-		{"one endpoint change (partial sync)", "seconds", func(r result) float64 { return r.Partial }},
-		{"full resync, nothing changed", "seconds", func(r result) float64 { return r.Full }},
-		{"explain", "seconds", func(r result) float64 { return r.Explain }},
-		{"list the ruleset", "seconds", func(r result) float64 { return r.List }},
-		{"peak RSS", "MiB", func(r result) float64 { return r.RSSMiB }},
+		{"first sync", "seconds", func(r point.Result) float64 { return r.First }},
+		{"one endpoint change (partial sync)", "seconds", func(r point.Result) float64 { return r.Partial }},
+		{"full resync, nothing changed", "seconds", func(r point.Result) float64 { return r.Full }},
+		{"explain", "seconds", func(r point.Result) float64 { return r.Explain }},
+		{"list the ruleset", "seconds", func(r point.Result) float64 { return r.List }},
+		{"peak RSS", "MiB", func(r point.Result) float64 { return r.RSSMiB }},
 	}
 	const cols = 3
 	rows := (len(metrics) + cols - 1) / cols

@@ -1,0 +1,26 @@
+// Package point is the one measured point of the scale benchmark, as
+// test/bench/scale prints it (one JSON line) and test/bench/scale/plot
+// reads it.
+package point
+
+// Result is one measured point; times in seconds.
+type Result struct {
+	Dataplane string  `json:"dataplane"`
+	Services  int     `json:"services"`
+	Endpoints int     `json:"endpoints"`
+	First     float64 `json:"first_sync_s"`
+	Partial   float64 `json:"partial_sync_s"`
+	Full      float64 `json:"full_resync_s"`
+	Explain   float64 `json:"explain_s"`
+	List      float64 `json:"list_s"`
+	RSSMiB    float64 `json:"rss_mib"`
+	// CPU seconds (user + system, this process and its nft children) of
+	// the same steps: what a step costs when other jobs share the cores.
+	FirstCPU   float64 `json:"first_sync_cpu_s"`
+	PartialCPU float64 `json:"partial_sync_cpu_s"`
+	FullCPU    float64 `json:"full_resync_cpu_s"`
+	ExplainCPU float64 `json:"explain_cpu_s"`
+	ListCPU    float64 `json:"list_cpu_s"`
+	// LoadAvg is the 1-minute load average at the end of the run.
+	LoadAvg string `json:"loadavg"`
+}
