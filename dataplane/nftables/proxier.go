@@ -91,10 +91,12 @@ const (
 // (kubernetes#139328); later syncs are one transaction each.
 var BatchPorts = 1000
 
-// StaleDelay is how long a chain, map or set that is no longer used stays
-// (flushed) before it is deleted: before 6.2 the kernel notices late that a
-// map element no longer references a chain, so deleting it in the same
-// transaction can fail with EBUSY (kube-proxy waits the same way).
+// StaleDelay is how long a chain, map or set that is no longer used stays,
+// unreferenced but intact, before it is flushed and deleted: packets may
+// still reach it for a moment after the transaction that unlinked it (see
+// sync.go), and before 6.2 the kernel notices late that a map element no
+// longer references a chain, so deleting it in the same transaction can
+// fail with EBUSY (kube-proxy waits the same way).
 const StaleDelay = time.Second
 
 // Config configures a Proxier.
@@ -148,7 +150,7 @@ type Proxier struct {
 	owner map[string]dataplane.ServicePortName
 	// nodeIPs are the nodeport-ips elements written.
 	nodeIPs []string
-	// stale are flushed objects to delete once StaleDelay has passed.
+	// stale are unused objects to flush and delete once StaleDelay has passed.
 	stale map[staleKey]time.Time
 	// synced is false until a Sync succeeded (the next one is full).
 	synced bool

@@ -86,8 +86,8 @@ func (p *Proxier) skeleton(tx *knftables.Transaction) {
 // transaction. A full sync (the first, or asked for) lists the table's
 // names over netlink (not "nft list" text), rewrites the fixed chains,
 // repairs the shared maps from their live elements, rewrites every
-// Service port that changed or lost an object, and flushes objects that
-// nothing uses; into an empty table it runs in transactions of BatchPorts
+// Service port that changed or lost an object, and marks objects that
+// nothing uses for deletion; into an empty table it runs in transactions of BatchPorts
 // Service ports.
 func (p *Proxier) Sync(s dataplane.State, req dataplane.SyncRequest) (dataplane.SyncResult, error) {
 	if err := p.sync(s, req.Full, req.MayHaveChanged); err != nil {
@@ -466,16 +466,19 @@ func (w *writer) port(tx *knftables.Transaction, n dataplane.ServicePortName, ol
 		tx.Add(el)
 		w.owner[id] = n
 	}
-	// 6. Objects no longer used: flushed now, deleted after StaleDelay.
+	// 6. Objects no longer used: left as they are now, flushed and deleted
+	// after StaleDelay (reap). Not flushed now: the kernel activates this
+	// transaction's rules before a concatenated interval map swaps in its
+	// new elements, so for a moment the old elements still send packets to
+	// a chain removed from the split; flushed, that chain would let them
+	// through without DNAT (the churn test saw timeouts: 3-6 of 100,000).
 	for c := range old.chains {
 		if _, ok := o.chains[c]; !ok {
-			tx.Flush(&knftables.Chain{Name: c})
 			w.markStale("chain", c)
 		}
 	}
 	for m := range old.maps {
 		if _, ok := o.maps[m]; !ok {
-			tx.Flush(&knftables.Map{Name: m})
 			w.markStale("map", m)
 		}
 	}
@@ -488,7 +491,7 @@ func (w *writer) port(tx *knftables.Transaction, n dataplane.ServicePortName, ol
 
 // exists reports whether the kernel may hold an object already: in a full
 // sync, from the names listed; else when the last sync wrote it or it
-// waits, flushed, for deletion.
+// waits for deletion.
 func (w *writer) exists(kind, name string, written bool) bool {
 	if w.full {
 		switch kind {
@@ -512,8 +515,8 @@ func oldElems(old *portObjects) []elem {
 }
 
 // repair ends a full sync: shared elements nobody owns are deleted, and
-// per Service objects of the table that no Service port uses are flushed
-// (deleted after StaleDelay): leftovers of a previous run or of hands.
+// per Service objects of the table that no Service port uses are deleted
+// after StaleDelay: leftovers of a previous run or of hands.
 func (w *writer) repair(tx *knftables.Transaction, applied map[dataplane.ServicePortName]*portObjects) {
 	used := map[string]bool{}
 	for _, n := range sortedPorts(applied) {
@@ -565,13 +568,11 @@ func (w *writer) repair(tx *knftables.Transaction, applied map[dataplane.Service
 	}
 	for _, c := range sortedKeys(w.live.chains) {
 		if perPort(c) && !used["chain "+c] {
-			tx.Flush(&knftables.Chain{Name: c})
 			w.markStale("chain", c)
 		}
 	}
 	for _, m := range sortedKeys(w.live.maps) {
 		if perPort(m) && !used["map "+m] {
-			tx.Flush(&knftables.Map{Name: m})
 			w.markStale("map", m)
 		}
 	}
@@ -602,6 +603,13 @@ func (w *writer) reap(tx *knftables.Transaction) {
 		}
 		return strings.Compare(a.name, b.name)
 	})
+	// Flush the chains first: a stale chain may jump to another one (ext-
+	// to svc-) or use a stale map, and a referenced object is not deleted.
+	for _, k := range due {
+		if k.kind == "chain" {
+			tx.Flush(&knftables.Chain{Name: k.name})
+		}
+	}
 	for _, k := range due {
 		switch k.kind {
 		case "map":

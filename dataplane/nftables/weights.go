@@ -2,32 +2,33 @@ package nftables
 
 import "slices"
 
-// Buckets is the numgen modulus used when the weights are not small
-// integers: each backend's share is then exact within 100/Buckets points
-// (0.0001 points), far inside the 0.01 points steelyard promises.
+// Buckets is the numgen modulus of every weight map: each backend's share
+// is exact within 100/Buckets points (0.0001 points), far inside the 0.01
+// points steelyard promises.
+//
+// Why one modulus for every split, not the sum of the weights: the rule
+// that draws the number then never changes when endpoints come and go,
+// only the map's elements do. A transaction that changes both the rule's
+// modulus and the map is not atomic for packets: the kernel switches to
+// the new rules before the concatenated interval map (pipapo) swaps in its
+// new elements, so a draw can find no element and the connection is not
+// DNATed at all. Measured on kernel 6.18 with a UDP flood through such a
+// map: 38 packets of 1.68 million missed over 100 changes 5<->7 of the
+// modulus; 0 of 2 million over 400 changes of the elements alone. The cost
+// is in loading: 2,000 maps of 10 ranges load in 1.4 s instead of 0.7 s.
 const Buckets = 1000000
 
-// Split returns the numgen modulus and each weight's count of buckets:
-// the weights themselves when they are integers summing to at most
-// Buckets (exact shares), else Buckets divided by largest remainder.
+// Split returns the numgen modulus (always Buckets) and each weight's
+// count of buckets, by largest remainder: integer weights whose sum
+// divides Buckets get exact shares.
 func Split(weights []float64) (uint64, []uint64) {
 	counts := make([]uint64, len(weights))
 	var sum float64
-	integers := true
 	for _, w := range weights {
 		sum += w
-		if w != float64(uint64(w)) {
-			integers = false
-		}
 	}
 	if sum <= 0 {
 		return 0, counts
-	}
-	if integers && sum <= Buckets {
-		for i, w := range weights {
-			counts[i] = uint64(w)
-		}
-		return uint64(sum), counts
 	}
 	var used uint64
 	rem := make([]float64, len(weights))
