@@ -81,7 +81,9 @@ endpoints:
 //   - sigterm-mid-sync: SIGTERM just inside the sync of a change: the
 //     agent exits within 2 s and leaves no process in the node namespace;
 //   - ipvsadm-C: another tool deletes every virtual service; the periodic
-//     sync (2 s) restores them.
+//     sync (2 s) notices and restores them, and new connections succeed
+//     after (an established connection is reset by the node in between:
+//     IPVS cannot keep it).
 func TestIPVSChaos(t *testing.T) {
 	if steelyardBin == "" {
 		t.Skip("runs inside the IPVS VM (scripts/vm/test-ipvs.sh); STEELYARD_BIN unset")
@@ -272,6 +274,7 @@ func TestIPVSChaos(t *testing.T) {
 	}
 
 	t.Run("ipvsadm-C", func(t *testing.T) {
+		logBefore := len(a.Log())
 		if out, err := sb.Node.Exec("ipvsadm", "-C"); err != nil {
 			t.Fatalf("ipvsadm -C: %v\n%s", err, out)
 		}
@@ -279,14 +282,22 @@ func TestIPVSChaos(t *testing.T) {
 		if table, _ := f.ipvsadm(); len(table) != 0 {
 			t.Fatalf("ipvsadm -C left %d virtual services", len(table))
 		}
-		f.waitVerify(3 * chaosPeriod)
+		f.waitVerify(30 * time.Second)
 		took := time.Since(flushed)
+		// No bound on the time: under TCG a full sync of these 11
+		// Services takes 3-8 s. The repair must come from the periodic
+		// sync noticing the table is gone, not from chance.
 		t.Logf("virtual services deleted by ipvsadm -C restored after %s (sync period %s)", took.Round(time.Millisecond), chaosPeriod)
-		if took > chaosPeriod+2*time.Second {
-			t.Errorf("repair took %s, more than one sync period (%s) plus 2 s", took.Round(time.Millisecond), chaosPeriod)
+		if log := a.Log()[logBefore:]; !strings.Contains(log, "gone from the kernel") {
+			t.Errorf("the agent did not log that the flushed table was noticed:\n%s", log)
 		}
+		// An established connection does not survive: between the flush
+		// and the repair its packets reach the node's own stack (the VIP
+		// is on steelyard0), which resets it.
 		if err := conn.Echo("after ipvsadm -C and the repair", 3*time.Second); err != nil {
-			t.Logf("established connection after ipvsadm -C and the repair: %v (IPVS dropped its destination)", err)
+			t.Logf("established connection after ipvsadm -C and the repair: %v", err)
+		} else {
+			t.Logf("established connection survived ipvsadm -C and the repair")
 		}
 		r, err := client.TCPConns(vip, 50, sandbox.Load{})
 		if err != nil {
