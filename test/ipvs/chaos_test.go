@@ -305,6 +305,20 @@ func TestIPVSChaos(t *testing.T) {
 		}
 		if r.Failed() > 0 {
 			t.Errorf("%d of 50 new connections failed after the repair: %v", r.Failed(), r.Errors)
+			// What to look at: the connection table (entries bound to the
+			// deleted destinations) and a second try a few seconds later.
+			conns, _ := sb.Node.Exec("ipvsadm", "-Lnc")
+			states := map[string]int{}
+			for _, l := range strings.Split(conns, "\n") {
+				if fl := strings.Fields(l); len(fl) >= 6 && (fl[0] == "TCP" || fl[0] == "UDP") {
+					states[fl[2]+" "+fl[4]]++
+				}
+			}
+			t.Logf("ipvsadm -Lnc after the repair: entries by state and virtual address: %v", states)
+			time.Sleep(5 * time.Second)
+			if r2, err := client.TCPConns(vip, 50, sandbox.Load{}); err == nil {
+				t.Logf("50 more new connections 5 s later: %s", r2)
+			}
 		}
 	})
 	a.Stop()
