@@ -76,6 +76,12 @@ k8s: control-plane
 ipvs:
 	$(ROOT) env GO=$(GO) scripts/vm/test-ipvs.sh
 
+# The IPVS chaos test alone (SIGKILLs, SIGTERM, ipvsadm -C) in its own VM
+# boot, with 5 minutes for it (docs/chaos.md).
+.PHONY: ipvs-chaos
+ipvs-chaos:
+	$(ROOT) env GO=$(GO) IPVS_CHAOS=1 VM_TIMEOUT=300 scripts/vm/test-ipvs.sh -test.run TestIPVSChaos
+
 # The chained CNI plugin (real bridge + host-local + steelyard-cni through
 # libcni, every spec version) and stale UDP flow cleanup, in namespaces. The
 # reference plugins are built once through the Go module proxy and cached
