@@ -99,4 +99,3 @@ func flowsTo(t *testing.T, ip string) int {
 	}
 	return n
 }
-

@@ -70,11 +70,13 @@ func latency(r result.Run, rate int, lo, hi float64, legend bool) *plot.Plot {
 	p := plot.New()
 	up := "VIP upstreams"
 	if r.Upstreams == "pods" {
-		up = "pod upstreams (--ingress-upstreams=pods)"
+		up = "upstreams=pods"
 	}
-	p.Title.Text = fmt.Sprintf("%s, %s: %d req/s, p99.9 %.1f ms, max %.0f ms, %d errors, %d reloads", up, r.Phase, rate, r.P999, r.Max, r.Errors, r.Reloads)
+	p.Title.Text = fmt.Sprintf("%s, %s, %d req/s: p99.9 %.1f ms, max %.0f ms, %d errors, %d reloads", up, r.Phase, rate, r.P999, r.Max, r.Errors, r.Reloads)
 	p.X.Label.Text = "seconds"
-	p.Y.Label.Text = "latency per 0.5 s (ms, log)"
+	// Short: gonum places the Y label's box at the linear middle of the
+	// range, near the top of a log axis, and a long one shrinks the plot.
+	p.Y.Label.Text = "ms per 0.5 s"
 	p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
 	p.Y.Min, p.Y.Max = lo, hi
 	p.X.Min = 0
@@ -115,7 +117,7 @@ func latency(r result.Run, rate int, lo, hi float64, legend bool) *plot.Plot {
 		l, _ := plotter.NewLine(plotter.XYs{{X: e.T, Y: lo}, {X: e.T, Y: hi}})
 		l.Color, l.Dashes, l.Width = gray, []vg.Length{vg.Points(3), vg.Points(3)}, vg.Points(0.8)
 		p.Add(l)
-		lab.XYs = append(lab.XYs, plotter.XY{X: e.T, Y: hi / 1.6})
+		lab.XYs = append(lab.XYs, plotter.XY{X: e.T, Y: hi / 4})
 		lab.Labels = append(lab.Labels, fmt.Sprintf(" to %d", e.Replicas))
 		if legend && len(lab.XYs) == 1 {
 			p.Legend.Add("kubectl scale", l)
@@ -157,7 +159,7 @@ func latency(r result.Run, rate int, lo, hi float64, legend bool) *plot.Plot {
 // cpu is the machine's CPU use during the runs of one phase.
 func cpu(rep result.Report, phase string) *plot.Plot {
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("machine CPU use, %s runs (%d CPUs, shared with other work)", phase, rep.CPUs)
+	p.Title.Text = fmt.Sprintf("machine CPU use, %s runs (%d CPUs, shared with other work); %d req/s", phase, rep.CPUs, rep.Rate)
 	p.X.Label.Text = "seconds"
 	p.Y.Label.Text = "busy %"
 	p.Y.Min, p.Y.Max = 0, 100
@@ -178,7 +180,6 @@ func cpu(rep result.Report, phase string) *plot.Plot {
 		p.Add(l)
 		p.Legend.Add(fmt.Sprintf("%s upstreams (mean %.0f%%, load %s)", r.Upstreams, r.CPUBusy, r.LoadAvg), l)
 	}
-	p.Legend.Top = true
 	return p
 }
 
