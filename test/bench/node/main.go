@@ -141,8 +141,8 @@ func run(manifests string, rate int, probe string, probeP99, duration, timeout t
 			if err != nil {
 				return nil, err
 			}
-			log.Printf("%s %s: %d requests, %d errors %v, %d reloads, p50 %.2f p99 %.2f p99.9 %.2f max %.2f ms; slow %d (near scale %d, slice %d, reload %d, busy CPU %d); load %s",
-				mode, phase, r.Requests, r.Errors, r.ErrClasses, r.Reloads, r.P50, r.P99, r.P999, r.Max, r.Slow, r.SlowNearScale, r.SlowNearSlice, r.SlowNearReload, r.SlowBusy, r.LoadAvg)
+			log.Printf("%s %s: %d requests, %d errors %v, %d reloads, p50 %.2f p99 %.2f p99.9 %.2f max %.2f ms; slow %d (near scale %d, slice %d, sync %d, reload %d, busy CPU %d); %d syncs; load %s",
+				mode, phase, r.Requests, r.Errors, r.ErrClasses, r.Reloads, r.P50, r.P99, r.P999, r.Max, r.Slow, r.SlowNearScale, r.SlowNearSlice, r.SlowNearSync, r.SlowNearReload, r.SlowBusy, r.Syncs, r.LoadAvg)
 			rep.Runs = append(rep.Runs, r)
 		}
 	}
@@ -336,7 +336,7 @@ func (b *bench) run(ctx context.Context, mode, phase string, rate int, duration 
 	if err := b.settle(ctx, 5); err != nil {
 		return r, err
 	}
-	reloads0, _, err := b.reloads()
+	m0, err := b.metricsNow()
 	if err != nil {
 		return r, err
 	}
@@ -368,11 +368,12 @@ func (b *bench) run(ctx context.Context, mode, phase string, rate int, duration 
 			mu.Unlock()
 		}
 	}()
-	// nginx reloads: the agent's last-reload timestamp, polled.
+	// nginx reloads and kernel syncs: the agent's last-reload and
+	// last-sync timestamps, polled.
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		_, last, _ := b.reloads()
+		lastReload, lastSync := m0.lastReload, m0.lastSync
 		t := time.NewTicker(200 * time.Millisecond)
 		defer t.Stop()
 		for {
@@ -381,12 +382,20 @@ func (b *bench) run(ctx context.Context, mode, phase string, rate int, duration 
 				return
 			case <-t.C:
 			}
-			if _, at, err := b.reloads(); err == nil && at > last {
-				last = at
-				mu.Lock()
-				r.ReloadTimes = append(r.ReloadTimes, since(time.Unix(0, int64(at*1e9))))
-				mu.Unlock()
+			m, err := b.metricsNow()
+			if err != nil {
+				continue
 			}
+			mu.Lock()
+			if m.lastReload > lastReload {
+				lastReload = m.lastReload
+				r.ReloadTimes = append(r.ReloadTimes, since(time.Unix(0, int64(m.lastReload*1e9))))
+			}
+			if m.lastSync > lastSync {
+				lastSync = m.lastSync
+				r.SyncTimes = append(r.SyncTimes, since(time.Unix(0, int64(m.lastSync*1e9))))
+			}
+			mu.Unlock()
 		}
 	}()
 	// The machine's CPU use per bucket.
@@ -454,7 +463,7 @@ func (b *bench) run(ctx context.Context, mode, phase string, rate int, duration 
 	if err := <-churnErr; err != nil {
 		return r, err
 	}
-	reloads1, _, err := b.reloads()
+	m1, err := b.metricsNow()
 	if err != nil {
 		return r, err
 	}
@@ -462,7 +471,11 @@ func (b *bench) run(ctx context.Context, mode, phase string, rate int, duration 
 	s := l.summary()
 	r.Requests, r.Errors, r.ErrClasses = len(l.lat), l.errors(), l.classes()
 	r.P50, r.P99, r.P999, r.Max = s.P50, s.P99, s.P999, s.Max
-	r.Reloads = int(reloads1 - reloads0)
+	r.Reloads = int(m1.reloads - m0.reloads)
+	r.Syncs = int(m1.syncs - m0.syncs)
+	if r.Syncs > 0 {
+		r.SyncMeanMS = 1000 * (m1.syncSeconds - m0.syncSeconds) / float64(r.Syncs)
+	}
 	r.LoadAvg = loadAvg()
 	r.Series = l.series(start, duration, cpu)
 	for _, v := range cpu {
@@ -481,6 +494,7 @@ func (b *bench) run(ctx context.Context, mode, phase string, rate int, duration 
 		r.SlowNearScale += near(t, scales)
 		r.SlowNearSlice += near(t, r.SliceChanges)
 		r.SlowNearReload += near(t, r.ReloadTimes)
+		r.SlowNearSync += near(t, r.SyncTimes)
 		if k := int(t / bucket.Seconds()); k < len(cpu) && cpu[k] >= 90 {
 			r.SlowBusy++
 		}
@@ -505,16 +519,24 @@ func near(t float64, times []float64) int {
 	return 0
 }
 
-// reloads reads the agent's reload counter and last reload time (Unix s).
-func (b *bench) reloads() (count, last float64, err error) {
+// agentMetrics is what a run reads of the agent's /metrics.
+type agentMetrics struct {
+	reloads, lastReload float64 // nginx reloads, and the last one's Unix time
+	syncs, syncSeconds  float64 // kernel syncs (iptables-restore), their total time
+	lastSync            float64 // the last sync's Unix time
+}
+
+// metricsNow reads the agent's metrics.
+func (b *bench) metricsNow() (agentMetrics, error) {
+	var m agentMetrics
 	resp, err := b.metrics.Get("http://node/metrics")
 	if err != nil {
-		return 0, 0, err
+		return m, err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return 0, 0, err
+		return m, err
 	}
 	for _, line := range strings.Split(string(body), "\n") {
 		f := strings.Fields(line)
@@ -524,12 +546,18 @@ func (b *bench) reloads() (count, last float64, err error) {
 		v, _ := strconv.ParseFloat(f[1], 64)
 		switch f[0] {
 		case "steelyard_ingress_nginx_reloads_total":
-			count = v
+			m.reloads = v
 		case "steelyard_ingress_nginx_last_reload_timestamp_seconds":
-			last = v
+			m.lastReload = v
+		case "steelyard_sync_proxy_rules_duration_seconds_count":
+			m.syncs = v
+		case "steelyard_sync_proxy_rules_duration_seconds_sum":
+			m.syncSeconds = v
+		case "steelyard_sync_proxy_rules_last_timestamp_seconds":
+			m.lastSync = v
 		}
 	}
-	return count, last, nil
+	return m, nil
 }
 
 // cpuTimes returns the machine's busy and total CPU time (ticks).

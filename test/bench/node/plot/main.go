@@ -1,8 +1,8 @@
 // Command node-plot reads node-bench's JSON report on stdin, prints its
 // table and draws the latency over time of the four runs (VIP or pod
 // upstreams x steady or churn; p50, p99 and max per 0.5 s, log scale) with
-// every scale event, EndpointSlice change and nginx reload marked, and the
-// machine's CPU use below, into an SVG or PNG.
+// every scale event, EndpointSlice change, kernel sync and nginx reload
+// marked, and the machine's CPU use below, into an SVG or PNG.
 package main
 
 import (
@@ -151,6 +151,7 @@ func latency(r result.Run, rate int, lo, hi float64, legend bool) *plot.Plot {
 		}
 	}
 	marks(r.SliceChanges, lo*1.4, draw.PyramidGlyph{}, green, "EndpointSlice change")
+	marks(r.SyncTimes, lo*2.6, draw.BoxGlyph{}, blue, "kernel sync (rule write)")
 	marks(r.ReloadTimes, hi/2.6, draw.CrossGlyph{}, red, "nginx reload")
 	p.Legend.Top = true
 	return p

@@ -48,6 +48,10 @@ type Run struct {
 	ErrClasses map[string]int `json:"error_classes,omitempty"`
 	// Reloads counts nginx reloads during the run (the agent's metric).
 	Reloads int `json:"reloads"`
+	// Syncs counts the agent's kernel syncs (rule writes) during the run,
+	// SyncMeanMS their mean duration.
+	Syncs      int     `json:"syncs"`
+	SyncMeanMS float64 `json:"sync_mean_ms"`
 	// Latency percentiles over every request, from its due time (ms).
 	P50  float64 `json:"p50_ms"`
 	P99  float64 `json:"p99_ms"`
@@ -65,14 +69,16 @@ type Run struct {
 	Scales       []Event   `json:"scales,omitempty"`
 	SliceChanges []float64 `json:"slice_changes,omitempty"`
 	ReloadTimes  []float64 `json:"reload_times,omitempty"`
+	SyncTimes    []float64 `json:"sync_times,omitempty"`
 	// Slow counts requests of at least SlowMS; the Near fields count those
-	// due within one second after a scale event, an EndpointSlice change or
-	// a reload (a request may count in several): where the tail comes from.
+	// due within one second after a scale event, an EndpointSlice change, a
+	// reload or a kernel sync (a request may count in several): where the tail comes from.
 	SlowMS         float64 `json:"slow_ms"`
 	Slow           int     `json:"slow"`
 	SlowNearScale  int     `json:"slow_near_scale"`
 	SlowNearSlice  int     `json:"slow_near_slice"`
 	SlowNearReload int     `json:"slow_near_reload"`
+	SlowNearSync   int     `json:"slow_near_sync"`
 	// SlowBusy counts slow requests due in a bucket whose CPU use was at
 	// least 90 %.
 	SlowBusy int `json:"slow_busy"`

@@ -23,10 +23,10 @@ func Table(w io.Writer, r *Report) {
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "upstreams\trun\trequests\terrors\treloads\tp50\tp99\tp99.9\tmax\t>=50ms (after scale/slice/reload, CPU>=90%)\tCPU\tload avg")
+	fmt.Fprintln(tw, "upstreams\trun\trequests\terrors\treloads\tp50\tp99\tp99.9\tmax\tkernel syncs (mean)\t>=50ms (after scale/slice/sync/reload; CPU>=90%)\tCPU\tload avg")
 	for _, x := range r.Runs {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.2f ms\t%.2f ms\t%.2f ms\t%.1f ms\t%d (%d/%d/%d, %d)\t%.0f%%\t%s\n", x.Upstreams, x.Phase, x.Requests, x.Errors, x.Reloads,
-			x.P50, x.P99, x.P999, x.Max, x.Slow, x.SlowNearScale, x.SlowNearSlice, x.SlowNearReload, x.SlowBusy, x.CPUBusy, x.LoadAvg)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.2f ms\t%.2f ms\t%.2f ms\t%.1f ms\t%d (%.0f ms)\t%d (%d/%d/%d/%d; %d)\t%.0f%%\t%s\n", x.Upstreams, x.Phase, x.Requests, x.Errors, x.Reloads,
+			x.P50, x.P99, x.P999, x.Max, x.Syncs, x.SyncMeanMS, x.Slow, x.SlowNearScale, x.SlowNearSlice, x.SlowNearSync, x.SlowNearReload, x.SlowBusy, x.CPUBusy, x.LoadAvg)
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "\nCPU seconds used during each run, by whom (the machine has", r.CPUs, "CPUs):")
