@@ -468,6 +468,7 @@ func (b *bench) run(ctx context.Context, mode, phase string, rate int, duration 
 		return r, err
 	}
 	r.CPUSeconds = cpuDelta(cpu0, b.cpuNow(ctx))
+	r.NginxErrors = b.nginxErrors(ctx, start)
 	s := l.summary()
 	r.Requests, r.Errors, r.ErrClasses = len(l.lat), l.errors(), l.classes()
 	r.P50, r.P99, r.P999, r.Max = s.P50, s.P99, s.P999, s.Max
@@ -507,6 +508,35 @@ func (b *bench) run(ctx context.Context, mode, phase string, rate int, duration 
 		}
 	}
 	return r, nil
+}
+
+// nginxUpstreamErrors are the error-log phrases that tell why nginx failed
+// or retried a request towards its upstream.
+var nginxUpstreamErrors = []string{
+	"upstream prematurely closed connection",
+	"Connection reset by peer",
+	"Connection refused",
+	"No route to host",
+	"upstream timed out",
+	"no live upstreams",
+}
+
+// nginxErrors counts the upstream errors nginx logged since start (its
+// error log goes to the steelyard container's stderr).
+func (b *bench) nginxErrors(ctx context.Context, start time.Time) map[string]int {
+	out, err := b.c.Kubectl(ctx, "-n", "steelyard", "logs", "ds/steelyard", "-c", "steelyard", "--since-time="+start.UTC().Format(time.RFC3339))
+	if err != nil {
+		return map[string]int{"(logs unavailable)": 1}
+	}
+	m := map[string]int{}
+	for _, line := range strings.Split(out, "\n") {
+		for _, e := range nginxUpstreamErrors {
+			if strings.Contains(line, e) {
+				m[e]++
+			}
+		}
+	}
+	return m
 }
 
 // near is 1 if t is within one second after one of the times.

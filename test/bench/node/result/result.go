@@ -63,6 +63,9 @@ type Run struct {
 	CPUBusy float64 `json:"cpu_busy_pct"`
 	// CPUSeconds splits the CPU time the machine used during the run.
 	CPUSeconds CPUSplit `json:"cpu_seconds"`
+	// NginxErrors counts nginx's upstream error-log lines by cause
+	// ("Connection refused", "upstream prematurely closed connection", ...).
+	NginxErrors map[string]int `json:"nginx_errors,omitempty"`
 	// Series is the latency over time, one point per Bucket seconds.
 	Series []Point `json:"series"`
 	// Times, in seconds since the run's start.

@@ -37,6 +37,10 @@ func Table(w io.Writer, r *Report) {
 		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.0f\t(%.0f)\t%.0f\t%.0f\t%.0f (%.0f%%)\n", x.Upstreams, x.Phase, c.Machine, c.Node, c.Steelyard, c.LoadGen, c.ControlPlane, c.Other, 100*c.Other/max(c.Machine, 1))
 	}
 	tw.Flush()
+	fmt.Fprintln(w, "\nerrors by class, and nginx's upstream errors (its error log) by cause:")
+	for _, x := range r.Runs {
+		fmt.Fprintf(w, "  %s %s: %v; nginx %v\n", x.Upstreams, x.Phase, x.ErrClasses, x.NginxErrors)
+	}
 	fmt.Fprintln(w, "\nlatency from each request's due time (open loop); errors include timeouts; a slow request counts")
 	fmt.Fprintln(w, "near an event when due within 1 s after it; CPU is the whole machine's (other work shares it).")
 }
