@@ -9,14 +9,14 @@
 #
 #   RATE=0          requests per second; 0: the probe picks the highest
 #                   rate of PROBE the machine sustains
-#   PROBE=1000,2000,3000,4000   (a step saturates on an error, a p99 over
+#   PROBE=500,1000,2000,3000,4000 (a step saturates on an error, a p99 over
 #                   100 ms or a sender 50 ms behind)
 #   DURATION=120    seconds per run (four runs)
 #   OUT=docs/bench-node   report and picture (.json, .svg)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RATE=${RATE:-0}
-PROBE=${PROBE:-1000,2000,3000,4000}
+PROBE=${PROBE:-500,1000,2000,3000,4000}
 DURATION=${DURATION:-120}
 OUT=${OUT:-docs/bench-node}
 GO=${GO:-go}

@@ -16,7 +16,10 @@ import (
 // pod (no Service, so the agent has no reason to touch it) leaves conntrack
 // entries for the pod's IP; when kubelet deletes the pod, the runtime runs
 // the chain's DEL and the entries are gone long before the kernel would
-// expire them. (Hairpin on pods created after install: TestHairpin.)
+// expire them. Nothing else in the chain deletes them: the reference
+// bridge plugin has no conntrack code and portmap's DEL returns early for a
+// pod without hostPorts (plugins v1.10.0). (Hairpin on pods created after
+// install: TestHairpin.)
 func TestConntrackCleanupOnPodDelete(t *testing.T) {
 	apply(t, `apiVersion: v1
 kind: Pod

@@ -54,7 +54,7 @@ func main() {
 	var (
 		manifests = flag.String("manifests", "manifests", "the repository's manifests/")
 		rate      = flag.Int("rate", 0, "requests per second; 0: probe (-probe)")
-		probe     = flag.String("probe", "1000,2000,3000,4000", "rates the probe tries, ascending")
+		probe     = flag.String("probe", "500,1000,2000,3000,4000", "rates the probe tries, ascending")
 		probeP99  = flag.Duration("probe-p99", 100*time.Millisecond, "a probe step with a higher p99 saturates")
 		duration  = flag.Duration("duration", 2*time.Minute, "length of each run")
 		timeout   = flag.Duration("timeout", 2*time.Second, "a request unanswered after this is an error")
@@ -398,8 +398,9 @@ func (b *bench) run(ctx context.Context, mode, phase string, rate int, duration 
 			mu.Unlock()
 		}
 	}()
-	// The machine's CPU use per bucket.
-	var cpu []float64
+	// The machine's CPU use per bucket (by the time it was read: a loaded
+	// machine delays ticks).
+	cpu := make([]float64, int(duration/bucket))
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -413,12 +414,14 @@ func (b *bench) run(ctx context.Context, mode, phase string, rate int, duration 
 			case <-t.C:
 			}
 			busy, all := cpuTimes()
-			v := 0.0
-			if all > prevAll {
-				v = 100 * float64(busy-prevBusy) / float64(all-prevAll)
+			if all <= prevAll {
+				continue
 			}
+			k := int(time.Since(start)/bucket) - 1
 			mu.Lock()
-			cpu = append(cpu, v)
+			for i := max(0, k); i >= 0 && i < len(cpu) && cpu[i] == 0; i-- {
+				cpu[i] = 100 * float64(busy-prevBusy) / float64(all-prevAll)
+			}
 			mu.Unlock()
 			prevBusy, prevAll = busy, all
 		}

@@ -42,7 +42,9 @@ func main() {
 	for _, r := range rep.Runs {
 		hi = max(hi, r.Max)
 	}
-	hi *= 2
+	// Headroom above the data for the legend and the scale labels.
+	top := hi * 1.5
+	hi *= 20
 	phases := []string{"steady", "churn"}
 	modes := []string{"vip", "pods"}
 	plots := make([][]*plot.Plot, len(modes)+1)
@@ -51,7 +53,7 @@ func main() {
 		for j, phase := range phases {
 			for _, r := range rep.Runs {
 				if r.Upstreams == mode && r.Phase == phase {
-					plots[i][j] = latency(r, rep.Rate, lo, hi, i == 0 && j == 1)
+					plots[i][j] = latency(r, rep.Rate, lo, hi, top, i == 1 && j == 0)
 				}
 			}
 		}
@@ -66,7 +68,7 @@ func main() {
 }
 
 // latency is one run's panel.
-func latency(r result.Run, rate int, lo, hi float64, legend bool) *plot.Plot {
+func latency(r result.Run, rate int, lo, hi, top float64, legend bool) *plot.Plot {
 	p := plot.New()
 	up := "VIP upstreams"
 	if r.Upstreams == "pods" {
@@ -115,13 +117,10 @@ func latency(r result.Run, rate int, lo, hi float64, legend bool) *plot.Plot {
 	var lab plotter.XYLabels
 	for _, e := range r.Scales {
 		l, _ := plotter.NewLine(plotter.XYs{{X: e.T, Y: lo}, {X: e.T, Y: hi}})
-		l.Color, l.Dashes, l.Width = gray, []vg.Length{vg.Points(3), vg.Points(3)}, vg.Points(0.8)
+		scaleStyle(l)
 		p.Add(l)
-		lab.XYs = append(lab.XYs, plotter.XY{X: e.T, Y: hi / 4})
+		lab.XYs = append(lab.XYs, plotter.XY{X: e.T, Y: top})
 		lab.Labels = append(lab.Labels, fmt.Sprintf(" to %d", e.Replicas))
-		if legend && len(lab.XYs) == 1 {
-			p.Legend.Add("kubectl scale", l)
-		}
 	}
 	if len(lab.XYs) > 0 {
 		ls, err := plotter.NewLabels(lab)
@@ -130,7 +129,7 @@ func latency(r result.Run, rate int, lo, hi float64, legend bool) *plot.Plot {
 		}
 		p.Add(ls)
 	}
-	marks := func(times []float64, y float64, shape draw.GlyphDrawer, c color.Color, name string) {
+	marks := func(times []float64, y float64, shape draw.GlyphDrawer, c color.Color, _ string) {
 		var xy plotter.XYs
 		for _, t := range times {
 			if t >= 0 {
@@ -146,15 +145,40 @@ func latency(r result.Run, rate int, lo, hi float64, legend bool) *plot.Plot {
 		}
 		s.Shape, s.Color, s.Radius = shape, c, vg.Points(3.5)
 		p.Add(s)
-		if legend || name == "nginx reload" {
-			p.Legend.Add(name, s)
-		}
 	}
-	marks(r.SliceChanges, lo*1.4, draw.PyramidGlyph{}, green, "EndpointSlice change")
-	marks(r.SyncTimes, lo*2.6, draw.BoxGlyph{}, blue, "kernel sync (rule write)")
-	marks(r.ReloadTimes, hi/2.6, draw.CrossGlyph{}, red, "nginx reload")
-	p.Legend.Top = true
+	for _, m := range markers {
+		marks(*m.times(&r), m.y(lo, top), m.shape, m.c, m.name)
+	}
+	if legend {
+		l, _ := plotter.NewLine(plotter.XYs{{X: 0, Y: 1}})
+		scaleStyle(l)
+		p.Legend.Add("kubectl scale (to N replicas)", l)
+		for _, m := range markers {
+			s, _ := plotter.NewScatter(plotter.XYs{{X: 0, Y: 1}})
+			s.Shape, s.Color, s.Radius = m.shape, m.c, vg.Points(3.5)
+			p.Legend.Add(m.name, s)
+		}
+		p.Legend.Top, p.Legend.Left = true, true
+	}
 	return p
+}
+
+// markers are the events drawn as glyphs: where and how.
+var markers = []struct {
+	name  string
+	times func(*result.Run) *[]float64
+	y     func(lo, top float64) float64
+	shape draw.GlyphDrawer
+	c     color.Color
+}{
+	{"EndpointSlice change", func(r *result.Run) *[]float64 { return &r.SliceChanges }, func(lo, _ float64) float64 { return lo * 1.4 }, draw.PyramidGlyph{}, green},
+	{"kernel sync (rule write)", func(r *result.Run) *[]float64 { return &r.SyncTimes }, func(lo, _ float64) float64 { return lo * 2.6 }, draw.BoxGlyph{}, blue},
+	{"nginx reload", func(r *result.Run) *[]float64 { return &r.ReloadTimes }, func(_, top float64) float64 { return top * 2.5 }, draw.CrossGlyph{}, red},
+}
+
+// scaleStyle draws a scale event: a dashed gray vertical.
+func scaleStyle(l *plotter.Line) {
+	l.Color, l.Dashes, l.Width = gray, []vg.Length{vg.Points(3), vg.Points(3)}, vg.Points(0.8)
 }
 
 // cpu is the machine's CPU use during the runs of one phase.
