@@ -37,10 +37,44 @@ func Table(w io.Writer, r *Report) {
 		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.0f\t(%.0f)\t%.0f\t%.0f\t%.0f (%.0f%%)\n", x.Upstreams, x.Phase, c.Machine, c.Node, c.Steelyard, c.LoadGen, c.ControlPlane, c.Other, 100*c.Other/max(c.Machine, 1))
 	}
 	tw.Flush()
+	fmt.Fprintln(w, "\nwhere the slow requests were due: share of the slow requests within 1 s after each kind of event,")
+	fmt.Fprintln(w, "against the share of the run those windows cover (equal shares: the events do not explain the tail):")
+	for _, x := range r.Runs {
+		if x.Slow == 0 {
+			continue
+		}
+		scales := make([]float64, len(x.Scales))
+		for i, e := range x.Scales {
+			scales[i] = e.T
+		}
+		pc := func(n int) float64 { return 100 * float64(n) / float64(x.Slow) }
+		fmt.Fprintf(w, "  %s %s: %d slow; after a scale %.0f%% (windows %.0f%%), slice change %.0f%% (%.0f%%), kernel sync %.0f%% (%.0f%%), reload %.0f%% (%.0f%%); CPU >= 90%% in their bucket %.0f%%\n",
+			x.Upstreams, x.Phase, x.Slow, pc(x.SlowNearScale), Coverage(scales, r.Seconds), pc(x.SlowNearSlice), Coverage(x.SliceChanges, r.Seconds),
+			pc(x.SlowNearSync), Coverage(x.SyncTimes, r.Seconds), pc(x.SlowNearReload), Coverage(x.ReloadTimes, r.Seconds), pc(x.SlowBusy))
+	}
 	fmt.Fprintln(w, "\nerrors by class, and nginx's upstream errors (its error log) by cause:")
 	for _, x := range r.Runs {
 		fmt.Fprintf(w, "  %s %s: %v; nginx %v\n", x.Upstreams, x.Phase, x.ErrClasses, x.NginxErrors)
 	}
 	fmt.Fprintln(w, "\nlatency from each request's due time (open loop); errors include timeouts; a slow request counts")
 	fmt.Fprintln(w, "near an event when due within 1 s after it; CPU is the whole machine's (other work shares it).")
+}
+
+// Coverage is the share (%) of [0, seconds) that lies within one second
+// after one of times.
+func Coverage(times []float64, seconds float64) float64 {
+	if seconds <= 0 {
+		return 0
+	}
+	const step = 0.01
+	n := 0
+	for t := 0.0; t < seconds; t += step {
+		for _, e := range times {
+			if d := t - e; d >= 0 && d < 1 {
+				n++
+				break
+			}
+		}
+	}
+	return 100 * float64(n) * step / seconds
 }
