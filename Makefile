@@ -21,7 +21,7 @@ endif
 .PHONY: ipvs
 .PHONY: gateway
 .PHONY: docs-check
-.PHONY: node node-deps cluster-up cluster-down
+.PHONY: node node-deps cluster-up cluster-down bench-node
 
 all: build
 
@@ -131,6 +131,12 @@ node-deps: deps control-plane
 
 node: node-deps
 	$(ROOT) env $(NODE_ENV) $(GO) test -tags node -count=1 -timeout 30m -v ./test/node/
+
+# The seed's dynamic test on the real node: steelyard with --ingress, HTTP
+# load through nginx to a Deployment scaled 5 <-> 7, VIP vs pod upstreams;
+# docs/bench-node.{json,svg} and a table (docs/benchmarks.md). Not in test.
+bench-node: node-deps
+	$(ROOT) env $(NODE_ENV) RATE="$(RATE)" PROBE="$(PROBE)" DURATION="$(DURATION)" scripts/bench-node.sh
 
 # The same node for a person: prints the admin kubeconfig's path; the node
 # runs in the background until `make cluster-down`. Then:

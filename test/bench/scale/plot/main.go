@@ -17,8 +17,8 @@ import (
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
-	"gonum.org/v1/plot/vg/draw"
-	"gonum.org/v1/plot/vg/vgimg"
+
+	"github.com/steelyard-net/steelyard/test/bench/plotfile"
 )
 
 func main() {
@@ -98,33 +98,7 @@ func main() {
 		}
 		plots[i/cols][i%cols] = p
 	}
-	width, height := 15*vg.Inch, 8*vg.Inch
-	var c draw.Canvas
-	var save func() error
-	f, err := os.Create(*out)
-	if err != nil {
-		fail(err)
-	}
-	defer f.Close()
-	if len(*out) > 4 && (*out)[len(*out)-4:] == ".png" {
-		img := vgimg.New(width, height)
-		c = draw.New(img)
-		save = func() error { _, err := vgimg.PngCanvas{Canvas: img}.WriteTo(f); return err }
-	} else {
-		svg := newSVG(width, height)
-		c = draw.New(svg)
-		save = func() error { _, err := svg.WriteTo(f); return err }
-	}
-	tiles := draw.Tiles{Rows: rows, Cols: cols, PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 4, PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}
-	canvases := plot.Align(plots, tiles, c)
-	for i := range plots {
-		for j := range plots[i] {
-			if plots[i][j] != nil {
-				plots[i][j].Draw(canvases[i][j])
-			}
-		}
-	}
-	if err := save(); err != nil {
+	if err := plotfile.Save(*out, 15*vg.Inch, 8*vg.Inch, plots); err != nil {
 		fail(err)
 	}
 }
