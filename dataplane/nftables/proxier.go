@@ -160,6 +160,10 @@ type Proxier struct {
 	// for the real kernel); nil: ask nft (the fake).
 	tableExists func() (bool, error)
 	now         func() time.Time
+	// netlink, when set, writes the transactions it can encode (the
+	// real kernel); lastNetlink says whether the last one went that way.
+	netlink     *netlinkWriter
+	lastNetlink bool
 }
 
 type staleKey struct {
@@ -195,6 +199,7 @@ func NewKernel(cfg Config) (*Proxier, error) {
 	p := NewProxier(nft, cfg)
 	p.textRules = true
 	p.tableExists = netlinkTableExists(p.cfg.Family)
+	p.netlink = newNetlinkWriter(p.cfg.Family)
 	return p, nil
 }
 
