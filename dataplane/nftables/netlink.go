@@ -359,3 +359,92 @@ func (w *netlinkWriter) element(c *gnft.Conn, verb byte, e *knftables.Element) e
 	}
 	return errUnsupported{"element flush"}
 }
+
+// protoNames are the names nft prints for protoNumbers.
+var protoNames = map[byte]string{unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp", unix.IPPROTO_SCTP: "sctp"}
+
+// elements reads a shared map's elements over netlink, spelled as nft
+// lists them. "nft -j list map" of service-ips cost minutes at 30,000
+// Services (nft fills its whole cache first); this is one dump of the map.
+func (w *netlinkWriter) elements(name string) ([]elem, error) {
+	c, err := gnft.New()
+	if err != nil {
+		return nil, err
+	}
+	es, err := c.GetSetElements(&gnft.Set{Table: w.table, Name: name})
+	if err != nil {
+		if isNotFound(err) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	alen := 4
+	if w.family == 6 {
+		alen = 16
+	}
+	out := make([]elem, 0, len(es))
+	for _, e := range es {
+		k := e.Key
+		x := elem{m: name}
+		if name == mapServiceIPs || name == mapNoEndpointServices {
+			if len(k) != alen+8 {
+				return nil, fmt.Errorf("map %s: key of %d bytes", name, len(k))
+			}
+			a, _ := netip.AddrFromSlice(k[:alen])
+			x.key = append(x.key, a.String())
+			k = k[alen:]
+		}
+		if len(k) != 8 {
+			return nil, fmt.Errorf("map %s: key of %d bytes", name, len(e.Key))
+		}
+		proto, ok := protoNames[k[0]]
+		if !ok {
+			proto = strconv.Itoa(int(k[0]))
+		}
+		x.key = append(x.key, proto, strconv.Itoa(int(binary.BigEndian.Uint16(k[4:6]))))
+		x.value, err = verdictText(e.Val)
+		if err != nil {
+			return nil, fmt.Errorf("map %s: %w", name, err)
+		}
+		out = append(out, x)
+	}
+	return out, nil
+}
+
+// verdictText spells the verdict data of a map element as nft does.
+func verdictText(b []byte) (string, error) {
+	// Netlink attributes: length and type (host order, 16 bits each),
+	// then the data, padded to 4 bytes.
+	var code int32
+	var chain string
+	for len(b) >= 4 {
+		n := int(binary.NativeEndian.Uint16(b))
+		typ := binary.NativeEndian.Uint16(b[2:]) &^ (unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER)
+		if n < 4 || n > len(b) {
+			return "", fmt.Errorf("bad verdict attribute")
+		}
+		data := b[4:n]
+		switch typ {
+		case unix.NFTA_VERDICT_CODE:
+			if len(data) == 4 {
+				code = int32(binary.BigEndian.Uint32(data))
+			}
+		case unix.NFTA_VERDICT_CHAIN:
+			chain = strings.TrimRight(string(data), "\x00")
+		}
+		b = b[min((n+3)&^3, len(b)):]
+	}
+	switch code {
+	case int32(expr.VerdictGoto):
+		return "goto " + chain, nil
+	case int32(expr.VerdictJump):
+		return "jump " + chain, nil
+	case int32(expr.VerdictDrop):
+		return "drop", nil
+	case int32(expr.VerdictAccept):
+		return "accept", nil
+	case int32(expr.VerdictReturn):
+		return "return", nil
+	}
+	return fmt.Sprintf("verdict %d", code), nil
+}

@@ -181,6 +181,29 @@ func netlinkMatchesNft(t *testing.T) {
 			}
 			// p goes on from the reference table, which holds what p wrote.
 		}
+		// A full resync reads the shared maps over netlink: an element
+		// deleted by hand comes back, a foreign one goes, the rest stays.
+		last := steps[len(steps)-1]
+		final := last[len(last)-1]
+		before := list()
+		key := "198.18.0.11 . tcp . 80"
+		if family == 6 {
+			key = "2001:2::10 . tcp . 80"
+		}
+		for _, cmd := range []string{
+			"delete element " + string(f.nfFamily) + " steelyard service-ips { " + key + " }",
+			"add element " + string(f.nfFamily) + " steelyard service-nodeports { tcp . 31999 : goto reject-chain }",
+		} {
+			if out, err := exec.Command("nft", cmd).CombinedOutput(); err != nil {
+				t.Fatalf("%s: %v: %s", cmd, err, out)
+			}
+		}
+		if _, err := p.Sync(final, dataplane.FullSync); err != nil {
+			t.Fatal(err)
+		}
+		if after := list(); canonical(after) != canonical(before) {
+			t.Errorf("family %d: full resync did not repair the shared maps\n--- got\n%s\n--- want\n%s", family, after, before)
+		}
 		if viaNetlink == 0 {
 			t.Errorf("family %d: no partial sync went over netlink", family)
 		}

@@ -329,6 +329,16 @@ func (p *Proxier) listLive(ctx context.Context) (*liveNames, error) {
 		if !l.maps[m] {
 			continue
 		}
+		if p.netlink != nil {
+			es, err := p.netlink.elements(m)
+			if err != nil {
+				return nil, fmt.Errorf("nftables: list map %s: %w", m, err)
+			}
+			for _, x := range es {
+				l.elems[x.id()] = x
+			}
+			continue
+		}
 		es, err := p.nft.ListElements(ctx, "map", m)
 		if err != nil {
 			return nil, fmt.Errorf("nftables: list map %s: %w", m, err)
