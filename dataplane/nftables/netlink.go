@@ -72,6 +72,15 @@ func (t *ops) into(tx *knftables.Transaction) {
 	}
 }
 
+// maxNetlinkOps bounds a transaction sent over netlink. The batch goes in
+// one sendmsg, which the kernel refuses beyond the socket's send buffer
+// (wmem_default, 208 KiB here), and every message is acked into the
+// receive buffer; at a few hundred bytes an operation, 500 stay well
+// inside. One endpoint change is about 20 operations; a change large
+// enough to pass the bound goes through nft, whose cache fill it then
+// amortizes.
+const maxNetlinkOps = 500
+
 // netlinkWriter sends transactions of the supported shapes over netlink.
 type netlinkWriter struct {
 	family int
@@ -95,6 +104,9 @@ func (e errUnsupported) Error() string { return "not encoded over netlink: " + e
 // build queues t on a new connection without sending anything; an
 // errUnsupported means nothing was sent and nft must run t.
 func (w *netlinkWriter) build(t *ops) (*gnft.Conn, error) {
+	if len(t.list) > maxNetlinkOps {
+		return nil, errUnsupported{fmt.Sprintf("%d operations", len(t.list))}
+	}
 	c, err := gnft.New()
 	if err != nil {
 		return nil, err
