@@ -27,8 +27,9 @@ import (
 // which the kernel applies atomically like nft -f; anything else (new
 // maps and sets, base chains, the table) goes through nft. The encodings
 // are byte for byte what nft 1.0.6 writes for the same text (checked by
-// TestNetlinkMatchesNft against the kernel), so "nft list" and explain
-// read the same ruleset whichever path wrote it.
+// TestNetlinkMatchesNft against the kernel's bytecode, "nft
+// --debug=netlink list table"), so the packet path, "nft list" and explain
+// are the same whichever path wrote it.
 
 // op is one operation of a sync, kept so the transaction can be sent either
 // as nft text or over netlink.
@@ -272,11 +273,16 @@ func (w *netlinkWriter) rule(text string) ([]expr.Any, error) {
 		if err != nil {
 			return nil, errUnsupported{"modulus " + m[1]}
 		}
+		// nft turns both fields to network order for the interval map
+		// (its keys are stored big endian), the second in the next 32-bit
+		// register (NFT_REG32_01 = 9); without the byteorder steps the
+		// lookup misses (listings do not show them: "nft --debug=netlink"
+		// does, and TestNetlinkMatchesNft compares that).
 		return []expr.Any{
 			&expr.Numgen{Register: 1, Modulus: uint32(mod), Type: unix.NFT_NG_RANDOM},
-			// The concatenation's second field goes in the next 32-bit
-			// register (NFT_REG32_01 = 9).
+			&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Size: 4, Len: 4},
 			l4proto(9),
+			&expr.Byteorder{SourceRegister: 9, DestRegister: 9, Op: expr.ByteorderHton, Size: 2, Len: 1},
 			&expr.Lookup{SourceRegister: 1, SetName: m[2], IsDestRegSet: true, DestRegister: 0},
 		}, nil
 	}
