@@ -164,6 +164,8 @@ type Proxier struct {
 	// real kernel); lastNetlink says whether the last one went that way.
 	netlink     *netlinkWriter
 	lastNetlink bool
+	// lastOps is the size of the last transaction (tests).
+	lastOps int
 }
 
 type staleKey struct {

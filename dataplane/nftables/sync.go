@@ -251,6 +251,7 @@ func (p *Proxier) sync(s dataplane.State, full bool, mayHaveChanged func(datapla
 // commit applies one transaction atomically: over netlink when every
 // operation has a netlink encoding (no nft cache to fill), else with nft -f.
 func (p *Proxier) commit(ctx context.Context, t *ops) error {
+	p.lastOps = len(t.list)
 	if p.netlink != nil {
 		c, err := p.netlink.build(t)
 		var unsupported errUnsupported
