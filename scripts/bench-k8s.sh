@@ -13,7 +13,7 @@
 #                            (iptables-nft-restore slows down with jumps x
 #                            chains: 10,000 Services would take many minutes
 #                            per restore); 0 for no limit
-#   PROXIES=steelyard,kube-proxy-iptables,kube-proxy-nftables
+#   PROXIES=steelyard,kube-proxy-iptables,steelyard-nftables,kube-proxy-nftables
 #   CHANGES=100              endpoint changes per proxy
 #   BENCH_ARGS=...           more flags for k8s-bench (see k8s-bench -h),
 #                            e.g. "-log-dir /tmp/logs -v"
@@ -72,6 +72,6 @@ exec bin/k8s-bench \
 	-services "${SERVICES:-1000,10000}" \
 	-iptables-mode "${IPTABLES_MODE:-legacy,nft}" \
 	-nft-max-services "${NFT_MAX_SERVICES:-1000}" \
-	-proxies "${PROXIES:-steelyard,kube-proxy-iptables,kube-proxy-nftables}" \
+	-proxies "${PROXIES:-steelyard,kube-proxy-iptables,steelyard-nftables,kube-proxy-nftables}" \
 	-changes "${CHANGES:-100}" \
 	${BENCH_ARGS:-}

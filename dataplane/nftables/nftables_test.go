@@ -383,3 +383,23 @@ func TestEndpointChurnKeepsTheDrawRule(t *testing.T) {
 		advance(p, 2*StaleDelay)
 	}
 }
+
+// A Service that goes and one that comes with its VIP in the same partial
+// sync: the newcomer owns the VIP afterwards (the old port's element was
+// once deleted after the new one had been skipped as a duplicate).
+func TestVIPHandedOverInOneSync(t *testing.T) {
+	p, _ := newTest(t, 4)
+	old := svcPort("b-old", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2", 8080, 1))
+	if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{old}}, dataplane.FullSync); err != nil {
+		t.Fatal(err)
+	}
+	// "a-new" sorts before "b-old": the order of names must not matter.
+	nu := svcPort("a-new", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.3", 8080, 1))
+	if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{nu}}, dataplane.PartialSync); err != nil {
+		t.Fatal(err)
+	}
+	got := sharesOf(t, p)
+	if len(got) != 1 || got["default/a-new:http"]["198.19.1.3:8080"] != 100 {
+		t.Errorf("after the hand-over: %v", got)
+	}
+}

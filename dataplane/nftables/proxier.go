@@ -35,7 +35,9 @@
 // read 100,000 elements. A concatenated key ("numgen . meta l4proto") is a
 // different set type that nft does not pre-read, which brings a change down
 // to the cost of reading the table's chain and set names, the floor of any
-// nft command that adds rules.
+// nft command (2.7 CPU-s at 10,000 Services). So endpoint and weight
+// changes skip nft: they go to the kernel as one netlink batch
+// (netlink.go), 0.25 CPU-s at 10,000 Services.
 package nftables
 
 import (
@@ -162,6 +164,12 @@ type Proxier struct {
 	// for the real kernel); nil: ask nft (the fake).
 	tableExists func() (bool, error)
 	now         func() time.Time
+	// netlink, when set, writes the transactions it can encode (the
+	// real kernel); lastNetlink says whether the last one went that way.
+	netlink     *netlinkWriter
+	lastNetlink bool
+	// lastOps is the size of the last transaction (tests).
+	lastOps int
 }
 
 type staleKey struct {
@@ -197,6 +205,7 @@ func NewKernel(cfg Config) (*Proxier, error) {
 	p := NewProxier(nft, cfg)
 	p.textRules = true
 	p.tableExists = netlinkTableExists(p.cfg.Family)
+	p.netlink = newNetlinkWriter(p.cfg.Family)
 	return p, nil
 }
 

@@ -18,7 +18,7 @@ import (
 
 // skeleton adds (and flushes and refills) the fixed chains and sets. The
 // shared maps are only added: their elements belong to the Service ports.
-func (p *Proxier) skeleton(tx *knftables.Transaction) {
+func (p *Proxier) skeleton(tx txn) {
 	tx.Add(&knftables.Table{Comment: knftables.PtrTo("steelyard: weighted Service VIPs")})
 	ip := p.f.ip
 	tx.Add(&knftables.Map{Name: mapServiceIPs, Type: p.f.addrType + " . inet_proto . inet_service : verdict"})
@@ -149,7 +149,17 @@ func (p *Proxier) sync(s dataplane.State, full bool, mayHaveChanged func(datapla
 			}
 		}
 	}
-	slices.SortFunc(todo, func(a, b dataplane.ServicePortName) int { return strings.Compare(a.String(), b.String()) })
+	// Ports that go first: their shared elements (a VIP a new Service
+	// port reuses in the same sync) are free before the new owner writes.
+	slices.SortFunc(todo, func(a, b dataplane.ServicePortName) int {
+		if ga, gb := desired[a] == nil, desired[b] == nil; ga != gb {
+			if ga {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.String(), b.String())
+	})
 
 	// Only a sync into an empty table (the node's first) runs in batches of
 	// BatchPorts Service ports, so it never holds the nftables lock for the
@@ -159,7 +169,7 @@ func (p *Proxier) sync(s dataplane.State, full bool, mayHaveChanged func(datapla
 	// state nor the new one.
 	batched := !p.synced && !p.tableThere(ctx)
 	w := &writer{p: p, full: full, live: live, seen: map[string]bool{}}
-	tx := p.nft.NewTransaction()
+	tx := &ops{}
 	nodeIPs := p.nodeAddrs()
 	if full || !p.synced {
 		p.skeleton(tx)
@@ -188,11 +198,11 @@ func (p *Proxier) sync(s dataplane.State, full bool, mayHaveChanged func(datapla
 		// Services is thirty of them.
 		rctx, rcancel := context.WithTimeout(execx.Context(), syncTimeout)
 		defer rcancel()
-		if err := p.nft.Run(rctx, tx); err != nil {
+		if err := p.commit(rctx, tx); err != nil {
 			p.synced = false // the next sync rewrites everything
 			return fmt.Errorf("nftables: %w", err)
 		}
-		tx = p.nft.NewTransaction()
+		tx = &ops{}
 		ports = 0
 		return nil
 	}
@@ -236,6 +246,28 @@ func (p *Proxier) sync(s dataplane.State, full bool, mayHaveChanged func(datapla
 	p.lastFull = full
 	log.WithFields(logrus.Fields{"full": full, "services": len(newApplied), "written": written, "took": time.Since(start)}).Debug("synced")
 	return nil
+}
+
+// commit applies one transaction atomically: over netlink when every
+// operation has a netlink encoding (no nft cache to fill), else with nft -f.
+func (p *Proxier) commit(ctx context.Context, t *ops) error {
+	p.lastOps = len(t.list)
+	if p.netlink != nil {
+		c, err := p.netlink.build(t)
+		var unsupported errUnsupported
+		switch {
+		case err == nil:
+			p.lastNetlink = true
+			return c.Flush()
+		case !errors.As(err, &unsupported):
+			return err
+		}
+		log.WithField("reason", err.Error()).Debug("transaction goes through nft")
+	}
+	p.lastNetlink = false
+	tx := p.nft.NewTransaction()
+	t.into(tx)
+	return p.nft.Run(ctx, tx)
 }
 
 func cloneApplied(m map[dataplane.ServicePortName]*portObjects) map[dataplane.ServicePortName]*portObjects {
@@ -296,6 +328,16 @@ func (p *Proxier) listLive(ctx context.Context) (*liveNames, error) {
 	}
 	for _, m := range []string{mapServiceIPs, mapServiceNodePorts, mapNoEndpointServices, mapNoEndpointNodePorts} {
 		if !l.maps[m] {
+			continue
+		}
+		if p.netlink != nil {
+			es, err := p.netlink.elements(m)
+			if err != nil {
+				return nil, fmt.Errorf("nftables: list map %s: %w", m, err)
+			}
+			for _, x := range es {
+				l.elems[x.id()] = x
+			}
 			continue
 		}
 		es, err := p.nft.ListElements(ctx, "map", m)
@@ -362,7 +404,7 @@ func (w *writer) revive(kind, name string) {
 
 // port writes the difference between old and o (either may be nil) for
 // Service port n. In a full sync every object of o is rewritten.
-func (w *writer) port(tx *knftables.Transaction, n dataplane.ServicePortName, old, o *portObjects) {
+func (w *writer) port(tx txn, n dataplane.ServicePortName, old, o *portObjects) {
 	if old == nil || w.full {
 		old = &portObjects{chains: map[string][]string{}, maps: map[string]*weightMap{}, sets: map[string]int{}, elems: oldElems(old)}
 	}
@@ -517,7 +559,7 @@ func oldElems(old *portObjects) []elem {
 // repair ends a full sync: shared elements nobody owns are deleted, and
 // per Service objects of the table that no Service port uses are deleted
 // after StaleDelay: leftovers of a previous run or of hands.
-func (w *writer) repair(tx *knftables.Transaction, applied map[dataplane.ServicePortName]*portObjects) {
+func (w *writer) repair(tx txn, applied map[dataplane.ServicePortName]*portObjects) {
 	used := map[string]bool{}
 	for _, n := range sortedPorts(applied) {
 		o := applied[n]
@@ -585,7 +627,7 @@ func (w *writer) repair(tx *knftables.Transaction, applied map[dataplane.Service
 
 // reap deletes the stale objects whose StaleDelay has passed: maps and sets
 // first (their elements and rules refer to chains), then chains.
-func (w *writer) reap(tx *knftables.Transaction) {
+func (w *writer) reap(tx txn) {
 	now := w.p.now()
 	var due []staleKey
 	for k, t := range w.p.stale {

@@ -71,7 +71,7 @@ func main() {
 	var (
 		cfg      config
 		services = flag.String("services", "1000,10000", "comma-separated Service counts, one control plane each")
-		proxies  = flag.String("proxies", "steelyard,kube-proxy-iptables,kube-proxy-nftables", "proxies to run: steelyard, kube-proxy-iptables, kube-proxy-nftables")
+		proxies  = flag.String("proxies", "steelyard,kube-proxy-iptables,steelyard-nftables,kube-proxy-nftables", "proxies to run: steelyard, kube-proxy-iptables, steelyard-nftables, kube-proxy-nftables")
 		flavours = flag.String("iptables-mode", "legacy,nft", "iptables flavours for steelyard and kube-proxy's iptables mode: legacy, nft or both")
 	)
 	flag.IntVar(&cfg.endpoints, "endpoints", 10, "endpoints per Service")
@@ -96,7 +96,7 @@ func main() {
 	}
 	cfg.proxies = splitList(*proxies)
 	for _, p := range cfg.proxies {
-		if p != proxySteelyard && p != proxyKubeProxyIPTables && p != proxyKubeProxyNFTables {
+		if p != proxySteelyard && p != proxyKubeProxyIPTables && p != proxyKubeProxyNFTables && p != proxySteelyardNFTables {
 			fail(fmt.Errorf("-proxies: unknown proxy %q", p))
 		}
 	}
@@ -115,7 +115,7 @@ func main() {
 	if cfg.bins.steelyard, err = filepath.Abs(cfg.bins.steelyard); err != nil {
 		fail(err)
 	}
-	if slices.Contains(cfg.proxies, proxySteelyard) {
+	if slices.Contains(cfg.proxies, proxySteelyard) || slices.Contains(cfg.proxies, proxySteelyardNFTables) {
 		if _, err := os.Stat(cfg.bins.steelyard); err != nil {
 			fail(fmt.Errorf("steelyard binary: %w (run `make build`)", err))
 		}
@@ -191,8 +191,10 @@ func benchSize(ctx context.Context, cfg *config, n int, bins controlplane.Binari
 			}
 		}
 	}
-	if slices.Contains(cfg.proxies, proxyKubeProxyNFTables) {
-		runs = append(runs, proxy{name: proxyKubeProxyNFTables})
+	for _, name := range []string{proxySteelyardNFTables, proxyKubeProxyNFTables} {
+		if slices.Contains(cfg.proxies, name) {
+			runs = append(runs, proxy{name: name})
+		}
 	}
 	var results []result
 	for k, p := range runs {
@@ -596,26 +598,41 @@ func printTable(out *os.File, cfg *config, results []result, load0, load1 string
 
 	// The issue's goals, as ratios; nothing is asserted.
 	var ratios []string
-	for _, s := range results {
-		if s.proxy.name != proxySteelyard {
-			continue
-		}
-		for _, k := range results {
-			if k.proxy.name != proxyKubeProxyIPTables || k.proxy.flavour != s.proxy.flavour || k.services != s.services {
+	// steelyard against kube-proxy in the same mode: iptables (same
+	// flavour; goals 0.5x first sync, 0.25x change p99) and nftables
+	// (issue 11: first sync at most 1x, change p99 at most 0.5x).
+	pairs := []struct {
+		s, k, label  string
+		sync, change float64
+	}{
+		{proxySteelyard, proxyKubeProxyIPTables, "steelyard / kube-proxy iptables", 0.5, 0.25},
+		{proxySteelyardNFTables, proxyKubeProxyNFTables, "steelyard nftables / kube-proxy nftables", 1, 0.5},
+	}
+	for _, pr := range pairs {
+		for _, s := range results {
+			if s.proxy.name != pr.s {
 				continue
 			}
-			line := fmt.Sprintf("N=%d, %s: steelyard / kube-proxy iptables: ", s.services, s.proxy.flavour)
-			if s.syncMeasured && k.syncMeasured {
-				line += fmt.Sprintf("first full sync %.2fx (goal <= 0.5)", s.firstSync.Seconds()/k.firstSync.Seconds())
-			} else {
-				line += "first full sync n/a"
+			for _, k := range results {
+				if k.proxy.name != pr.k || k.proxy.flavour != s.proxy.flavour || k.services != s.services {
+					continue
+				}
+				line := fmt.Sprintf("N=%d, %s: %s: ", s.services, s.proxy.flavourLabel(), pr.label)
+				if s.syncMeasured && k.syncMeasured {
+					line += fmt.Sprintf("first full sync %.2fx (goal <= %g)", s.firstSync.Seconds()/k.firstSync.Seconds(), pr.sync)
+				} else {
+					line += "first full sync n/a"
+				}
+				if len(s.latencies) == s.changes && len(k.latencies) == k.changes && s.changes > 0 {
+					line += fmt.Sprintf(", change p99 %.2fx (goal <= %g)", percentile(s.latencies, 0.99).Seconds()/percentile(k.latencies, 0.99).Seconds(), pr.change)
+				} else {
+					line += ", change p99 n/a"
+				}
+				if s.rssKiB > 0 && k.rssKiB > 0 {
+					line += fmt.Sprintf(", peak RSS %.2fx", float64(s.rssKiB)/float64(k.rssKiB))
+				}
+				ratios = append(ratios, line)
 			}
-			if len(s.latencies) == s.changes && len(k.latencies) == k.changes && s.changes > 0 {
-				line += fmt.Sprintf(", change p99 %.2fx (goal <= 0.25)", percentile(s.latencies, 0.99).Seconds()/percentile(k.latencies, 0.99).Seconds())
-			} else {
-				line += ", change p99 n/a"
-			}
-			ratios = append(ratios, line)
 		}
 	}
 	if len(ratios) > 0 {

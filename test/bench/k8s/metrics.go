@@ -43,7 +43,7 @@ func newScraper(n *sandbox.NS, p proxy) *scraper {
 		MaxIdleConns: 1,
 	}
 	s := &scraper{client: &http.Client{Transport: tr, Timeout: 10 * time.Second}, prefix: p.metricsPrefix()}
-	if p.name == proxySteelyard {
+	if p.steelyard() {
 		s.url, s.health = "http://"+steelyardMetrics+"/metrics", "http://"+steelyardHealthz+"/healthz"
 	} else {
 		s.url, s.health, s.kube = "http://"+kubeProxyMetrics+"/metrics", "http://"+kubeProxyHealthz+"/livez", true

@@ -20,7 +20,15 @@ const (
 	proxySteelyard         = "steelyard"
 	proxyKubeProxyIPTables = "kube-proxy-iptables"
 	proxyKubeProxyNFTables = "kube-proxy-nftables"
+	// proxySteelyardNFTables is steelyard --mode nftables (its own table,
+	// no iptables flavour), measured beside kube-proxy's nftables mode.
+	proxySteelyardNFTables = "steelyard-nftables"
 )
+
+// steelyard reports whether the proxy is steelyard (either mode).
+func (p proxy) steelyard() bool {
+	return p.name == proxySteelyard || p.name == proxySteelyardNFTables
+}
 
 // Metrics and health addresses inside each proxy's namespace.
 const (
@@ -43,6 +51,8 @@ func (p proxy) label() string {
 	switch p.name {
 	case proxySteelyard:
 		return "steelyard (iptables)"
+	case proxySteelyardNFTables:
+		return "steelyard nftables"
 	case proxyKubeProxyIPTables:
 		return "kube-proxy iptables"
 	default:
@@ -58,7 +68,7 @@ func (p proxy) flavourLabel() string {
 }
 
 func (p proxy) metricsPrefix() string {
-	if p.name == proxySteelyard {
+	if p.steelyard() {
 		return "steelyard_"
 	}
 	return "kubeproxy_"
@@ -76,6 +86,16 @@ type binaries struct {
 // first on PATH, so "iptables", "iptables-save" and "iptables-restore"
 // (and the ip6tables ones) are the chosen flavour.
 func (p proxy) command(bins binaries, kubeconfig, wrapDir string) (string, []string) {
+	if p.name == proxySteelyardNFTables {
+		return bins.steelyard, []string{"run",
+			"--kubeconfig", kubeconfig,
+			"--node-name", nodeName,
+			"--mode", "nftables",
+			"--cluster-cidr", clusterCIDR,
+			"--metrics-bind-address", steelyardMetrics,
+			"--healthz-bind-address", steelyardHealthz,
+		}
+	}
 	if p.name == proxySteelyard {
 		return bins.steelyard, []string{"run",
 			"--kubeconfig", kubeconfig,
@@ -152,6 +172,10 @@ type kernelDump struct {
 func (p proxy) kernelDump() kernelDump {
 	if p.name == proxyKubeProxyNFTables {
 		return kernelDump{argv: []string{"nft", "list", "table", "ip", "kube-proxy"}}
+	}
+	if p.name == proxySteelyardNFTables {
+		// Endpoint chains hold "dnat to IP:PORT", as endpointRE reads.
+		return kernelDump{argv: []string{"nft", "list", "table", "ip", "steelyard"}}
 	}
 	return kernelDump{argv: []string{"iptables-" + p.flavour + "-save", "-t", "nat"}}
 }

@@ -10,17 +10,24 @@ type Result struct {
 	Endpoints int     `json:"endpoints"`
 	First     float64 `json:"first_sync_s"`
 	Partial   float64 `json:"partial_sync_s"`
-	Full      float64 `json:"full_resync_s"`
-	Explain   float64 `json:"explain_s"`
-	List      float64 `json:"list_s"`
-	RSSMiB    float64 `json:"rss_mib"`
+	// Endpoint: one endpoint of one Service replaced by a new address
+	// (a new endpoint chain, the old one flushed), median of 5.
+	Endpoint float64 `json:"endpoint_sync_s,omitempty"`
+	// Idle: a periodic sync with nothing changed, median of 5.
+	Idle    float64 `json:"idle_sync_s,omitempty"`
+	Full    float64 `json:"full_resync_s"`
+	Explain float64 `json:"explain_s"`
+	List    float64 `json:"list_s"`
+	RSSMiB  float64 `json:"rss_mib"`
 	// CPU seconds (user + system, this process and its nft children) of
 	// the same steps: what a step costs when other jobs share the cores.
-	FirstCPU   float64 `json:"first_sync_cpu_s"`
-	PartialCPU float64 `json:"partial_sync_cpu_s"`
-	FullCPU    float64 `json:"full_resync_cpu_s"`
-	ExplainCPU float64 `json:"explain_cpu_s"`
-	ListCPU    float64 `json:"list_cpu_s"`
+	FirstCPU    float64 `json:"first_sync_cpu_s"`
+	PartialCPU  float64 `json:"partial_sync_cpu_s"`
+	EndpointCPU float64 `json:"endpoint_sync_cpu_s,omitempty"`
+	IdleCPU     float64 `json:"idle_sync_cpu_s,omitempty"`
+	FullCPU     float64 `json:"full_resync_cpu_s"`
+	ExplainCPU  float64 `json:"explain_cpu_s"`
+	ListCPU     float64 `json:"list_cpu_s"`
 	// LoadAvg is the 1-minute load average at the end of the run.
 	LoadAvg string `json:"loadavg"`
 }

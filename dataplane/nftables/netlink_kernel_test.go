@@ -1,0 +1,225 @@
+//go:build e2e
+
+package nftables
+
+import (
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/knftables"
+
+	"github.com/steelyard-net/steelyard/dataplane"
+)
+
+// netlinkStates are the states TestNetlinkMatchesNft walks through: every
+// Service shape of the parity table, then endpoint and weight changes.
+func netlinkStates() [][]dataplane.State {
+	var base []dataplane.ServicePort
+	add := func(sp dataplane.ServicePort) { base = append(base, sp) }
+	np := func(sp dataplane.ServicePort, port uint16) dataplane.ServicePort { sp.NodePort = port; return sp }
+	add(svcPort("a", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2", 8080, 10), be("198.19.1.3", 8080, 90)))
+	add(np(svcPort("b", "198.18.0.11", 80, dataplane.TCP, be("198.19.1.4", 8080, 1), be("198.19.1.5", 8080, 2)), 30081))
+	e := svcPort("c", "198.18.0.12", 53, dataplane.UDP, be("198.19.1.6", 5353, 1), be("198.19.1.7", 5353, 3))
+	e.ExternalIPs = []netip.Addr{netip.MustParseAddr("198.18.1.1")}
+	add(e)
+	lb := svcPort("d", "198.18.0.13", 80, dataplane.TCP, be("198.19.1.8", 8080, 1), be("198.19.1.9", 8080, 3))
+	lb.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("198.18.2.1")}
+	lb.SourceRanges = []netip.Prefix{netip.MustParsePrefix("198.19.128.0/24")}
+	add(lb)
+	el := np(svcPort("e", "198.18.0.14", 80, dataplane.TCP, local(be("198.19.1.10", 8080, 1)), be("198.19.1.11", 8080, 3)), 30082)
+	el.ExternalLocal = true
+	add(el)
+	il := svcPort("f", "198.18.0.15", 80, dataplane.TCP, local(be("198.19.1.12", 8080, 1)), be("198.19.1.13", 8080, 3))
+	il.InternalLocal = true
+	add(il)
+	af := np(svcPort("g", "198.18.0.16", 80, dataplane.TCP, be("198.19.1.14", 8080, 1), be("198.19.1.15", 8080, 3)), 30083)
+	af.AffinitySeconds = 600
+	add(af)
+	add(svcPort("h", "198.18.0.17", 80, dataplane.UDP, be("198.19.1.16", 8080, 0.9), be("198.19.1.17", 8080, 89.1)))
+	add(svcPort("v6", "2001:2::10", 80, dataplane.TCP, be("2001:2::1:2", 8080, 1), be("2001:2::1:3", 8080, 2)))
+
+	type mut func(i int, sp *dataplane.ServicePort)
+	muts := []mut{
+		nil,
+		func(_ int, sp *dataplane.ServicePort) { sp.Backends[0].Weight = 7 }, // weight change
+		func(i int, sp *dataplane.ServicePort) { // one endpoint more
+			b := sp.Backends[0]
+			if b.IP.Is4() {
+				b.IP = netip.AddrFrom4([4]byte{198, 19, 2, byte(i + 2)})
+			} else {
+				b.IP = netip.MustParseAddr("2001:2::2:2")
+			}
+			sp.Backends = append(sp.Backends, b)
+		},
+		func(_ int, sp *dataplane.ServicePort) { sp.Backends = sp.Backends[1:] }, // one endpoint less
+		func(_ int, sp *dataplane.ServicePort) { sp.Backends = nil },             // no endpoints
+		nil,
+		func(i int, sp *dataplane.ServicePort) { // a Service goes, another comes
+			if i == 0 {
+				sp.Name.Name = "a-renamed"
+			}
+		},
+	}
+	// steps[k][j]: Services 0..j as in step k, the others as in step k-1.
+	var steps [][]dataplane.State
+	for k := range muts {
+		var row []dataplane.State
+		for j := range base {
+			var s dataplane.State
+			for i, sp := range base {
+				c := *clonePort(&sp)
+				m := muts[k]
+				if i > j && k > 0 {
+					m = muts[k-1]
+				}
+				if m != nil {
+					m(i, &c)
+				}
+				s.Services = append(s.Services, c)
+			}
+			s.Sort()
+			row = append(row, s)
+		}
+		steps = append(steps, row)
+	}
+	return steps
+}
+
+// TestNetlinkMatchesNft runs against the real kernel and nft (as root, in a
+// throwaway network namespace it creates): the table left by partial syncs
+// written over netlink must list exactly as the table nft writes from the
+// same final state. The oracle is nft itself.
+func TestNetlinkMatchesNft(t *testing.T) {
+	if os.Getenv("STEELYARD_NFT_NETNS") != "" {
+		netlinkMatchesNft(t)
+		return
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (runs itself in a throwaway network namespace)")
+	}
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Skip("no nft binary")
+	}
+	ns := "synl" + strings.ReplaceAll(time.Now().Format("150405.000"), ".", "")
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	defer exec.Command("ip", "netns", "del", ns).Run() //nolint:errcheck
+	cmd := exec.Command("ip", "netns", "exec", ns, os.Args[0], "-test.run", "^TestNetlinkMatchesNft$", "-test.v")
+	cmd.Env = append(os.Environ(), "STEELYARD_NFT_NETNS="+ns)
+	out, err := cmd.CombinedOutput()
+	t.Logf("in %s:\n%s", ns, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func netlinkMatchesNft(t *testing.T) {
+	for _, family := range []int{4, 6} {
+		cfg := testCfg
+		cfg.Family = family
+		cfg.ClusterCIDRs = append(cfg.ClusterCIDRs, netip.MustParsePrefix("2001:2::/64"))
+		f := famOf(family)
+		// list returns the table's bytecode (what the packet path runs;
+		// the text listing alone hides byteorder steps) and its listing.
+		list := func() string {
+			out, err := exec.Command("nft", "--debug=netlink", "list", "table", string(f.nfFamily), TableName).CombinedOutput()
+			if err != nil {
+				t.Fatalf("nft list table: %v: %s", err, out)
+			}
+			return string(out)
+		}
+		steps := netlinkStates()
+		p, err := NewKernel(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := steps[0][len(steps[0])-1]
+		if _, err := p.Sync(first, dataplane.FullSync); err != nil {
+			t.Fatal(err)
+		}
+		viaNetlink, partials := 0, 0
+		for i, row := range steps[1:] {
+			for _, s := range row {
+				if _, err := p.Sync(s, dataplane.SyncRequest{}); err != nil {
+					t.Fatalf("family %d, step %d: %v", family, i+1, err)
+				}
+				partials++
+				if p.lastNetlink {
+					viaNetlink++
+				}
+			}
+			s := row[len(row)-1]
+			// Reap what the step left stale, so both tables hold the same.
+			time.Sleep(StaleDelay + 50*time.Millisecond)
+			if _, err := p.Sync(s, dataplane.SyncRequest{}); err != nil {
+				t.Fatalf("family %d, state %d, reap: %v", family, i+1, err)
+			}
+			got := list()
+			if _, err := p.Explain(); err != nil {
+				t.Errorf("family %d, state %d: explain: %v", family, i+1, err)
+			}
+
+			// The same state written by nft alone into a fresh table.
+			nft, err := knftables.New(f.nfFamily, TableName, knftables.UseNetlink)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ref := NewProxier(nft, cfg)
+			ref.textRules = true
+			if err := ref.Cleanup(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ref.Sync(s, dataplane.FullSync); err != nil {
+				t.Fatal(err)
+			}
+			want := list()
+			if canonicalDebug(got) != canonicalDebug(want) {
+				t.Fatalf("family %d, state %d: netlink-written table differs from nft's\n--- got\n%s\n--- want\n%s", family, i+1, got, want)
+			}
+			// p goes on from the reference table, which holds what p wrote.
+		}
+		// A full resync reads the shared maps over netlink: an element
+		// deleted by hand comes back, a foreign one goes, the rest stays.
+		last := steps[len(steps)-1]
+		final := last[len(last)-1]
+		before := list()
+		key := "198.18.0.11 . tcp . 80"
+		if family == 6 {
+			key = "2001:2::10 . tcp . 80"
+		}
+		for _, cmd := range []string{
+			"delete element " + string(f.nfFamily) + " steelyard service-ips { " + key + " }",
+			"add element " + string(f.nfFamily) + " steelyard service-nodeports { tcp . 31999 : goto reject-chain }",
+		} {
+			if out, err := exec.Command("nft", cmd).CombinedOutput(); err != nil {
+				t.Fatalf("%s: %v: %s", cmd, err, out)
+			}
+		}
+		if _, err := p.Sync(final, dataplane.FullSync); err != nil {
+			t.Fatal(err)
+		}
+		// Once repaired, a full resync writes the fixed chains only.
+		if _, err := p.Sync(final, dataplane.FullSync); err != nil {
+			t.Fatal(err)
+		}
+		if p.lastOps > 60 {
+			t.Errorf("family %d: a full resync of an unchanged table wrote %d operations", family, p.lastOps)
+		}
+		t.Logf("family %d: full resync of an unchanged table: %d operations", family, p.lastOps)
+		if after := list(); canonicalDebug(after) != canonicalDebug(before) {
+			t.Errorf("family %d: full resync did not repair the shared maps\n--- got\n%s\n--- want\n%s", family, after, before)
+		}
+		if viaNetlink == 0 {
+			t.Errorf("family %d: no partial sync went over netlink", family)
+		}
+		t.Logf("family %d: %d of %d partial syncs over netlink", family, viaNetlink, partials)
+		if err := p.Cleanup(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,117 @@
+package nftables
+
+import (
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// canonical sorts the blocks of an "nft list table" listing and the
+// elements of each map, so two tables with the same content but written
+// in another order compare equal.
+func canonical(text string) string {
+	var blocks []string
+	var cur []string
+	depth := 0
+	for _, line := range strings.Split(text, "\n") {
+		l := strings.TrimSpace(line)
+		if l == "" {
+			continue
+		}
+		if depth == 1 && strings.HasSuffix(l, "{") {
+			cur = nil
+		}
+		depth += strings.Count(l, "{") - strings.Count(l, "}")
+		if depth >= 1 && len(cur) >= 0 {
+			cur = append(cur, l)
+		}
+		if depth == 1 && l == "}" {
+			blocks = append(blocks, canonicalBlock(strings.Join(cur, " ")))
+			cur = nil
+		}
+	}
+	slices.Sort(blocks)
+	return strings.Join(blocks, "\n")
+}
+
+var elementsRe = regexp.MustCompile(`elements = \{ (.*?) \}`)
+
+func canonicalBlock(b string) string {
+	return elementsRe.ReplaceAllStringFunc(b, func(m string) string {
+		inner := elementsRe.FindStringSubmatch(m)[1]
+		parts := strings.Split(inner, ",")
+		for i := range parts {
+			parts[i] = strings.TrimSpace(parts[i])
+		}
+		slices.Sort(parts)
+		return "elements = { " + strings.Join(parts, ", ") + " }"
+	})
+}
+
+func TestCanonical(t *testing.T) {
+	d1 := "ip t c 3\n  [ meta load l4proto => reg 1 ]\nip t @m\n\telement 1 : goto c\n\telement 0 : goto c\n"
+	d2 := "ip t @m\n\telement 0 : goto c\n\telement 1 : goto c\nip t c 7\n  [ meta load l4proto => reg 1 ]\n"
+	if canonicalDebug(d1) != canonicalDebug(d2) {
+		t.Errorf("canonicalDebug differs:\n%s\n--\n%s", canonicalDebug(d1), canonicalDebug(d2))
+	}
+	if canonicalDebug(d1) == canonicalDebug(strings.Replace(d2, "reg 1 ]", "reg 9 ]", 1)) {
+		t.Error("canonicalDebug hides a difference")
+	}
+	a := "table ip t {\n\tmap m {\n\t\telements = { 1 : goto b,\n\t\t\t2 : goto a }\n\t}\n\tchain b {\n\t\tgoto x\n\t}\n\tchain a {\n\t}\n}\n"
+	b := "table ip t {\n\tchain a {\n\t}\n\tchain b {\n\t\tgoto x\n\t}\n\tmap m {\n\t\telements = { 2 : goto a, 1 : goto b }\n\t}\n}\n"
+	if canonical(a) != canonical(b) {
+		t.Errorf("canonical differs:\n%s\n--\n%s", canonical(a), canonical(b))
+	}
+	if canonical(a) == canonical(strings.Replace(b, "goto x", "goto y", 1)) {
+		t.Error("canonical hides a difference")
+	}
+}
+
+// debugHeader is the first line of an object in "nft --debug=netlink"
+// output: "ip steelyard CHAIN HANDLE [PREVIOUS]" for a rule, "ip steelyard @SET" for
+// a set's elements.
+var debugHeader = regexp.MustCompile(`^(ip6?) (\S+) (\S+)( \d+)*$`)
+
+// canonicalDebug canonicalizes "nft --debug=netlink list table" output:
+// the bytecode records (rule handles dropped, element lines sorted, records
+// sorted) and then the listing, through canonical.
+func canonicalDebug(text string) string {
+	i := strings.Index(text, "\ntable ")
+	if strings.HasPrefix(text, "table ") {
+		i = 0
+	}
+	debug, listing := text, ""
+	if i >= 0 {
+		debug, listing = text[:i], text[i:]
+	}
+	var records []string
+	var cur []string
+	flush := func() {
+		// The cluster CIDRs are an interval set nft rewrites on every full
+		// sync; its bytecode keeps a null start element depending on
+		// history, so only its listing (below) is compared.
+		if len(cur) > 0 && !strings.HasSuffix(cur[0], " @"+setClusterCIDRs) {
+			body := cur[1:]
+			if strings.Contains(cur[0], " @") {
+				slices.Sort(body)
+			}
+			records = append(records, strings.Join(append([]string{cur[0]}, body...), "\n"))
+		}
+		cur = nil
+	}
+	for _, line := range strings.Split(debug, "\n") {
+		if strings.TrimSpace(line) == "" {
+			continue
+		}
+		if m := debugHeader.FindStringSubmatch(line); m != nil && !strings.HasPrefix(line, " ") && !strings.HasPrefix(line, "\t") {
+			flush()
+			cur = []string{m[1] + " " + m[2] + " " + m[3]}
+			continue
+		}
+		cur = append(cur, strings.TrimSpace(line))
+	}
+	flush()
+	slices.Sort(records)
+	return strings.Join(records, "\n") + "\n" + canonical(listing)
+}
