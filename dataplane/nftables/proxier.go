@@ -198,9 +198,13 @@ func NewProxier(nft knftables.Interface, cfg Config) *Proxier {
 // listed over netlink: "nft list table" of a 10,000-Service table costs
 // seconds, which the full resync must not pay.
 func NewKernel(cfg Config) (*Proxier, error) {
-	nft, err := knftables.New(famOf(cfg.Family).nfFamily, TableName, knftables.UseNetlink)
+	lister, err := knftables.New(famOf(cfg.Family).nfFamily, TableName, knftables.UseNetlink)
 	if err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
+	}
+	nft, err := newChildRunner(lister)
+	if err != nil {
+		return nil, err
 	}
 	p := NewProxier(nft, cfg)
 	p.textRules = true

@@ -43,7 +43,13 @@ func Shutdown() { shutdown() }
 // Command returns a command that is killed (SIGKILL) on Shutdown and when the
 // agent dies. Run it with Run, not with its own Run method.
 func Command(name string, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(shutdownCtx, name, args...)
+	return CommandContext(shutdownCtx, name, args...)
+}
+
+// CommandContext is Command with a context of the caller's, which must be
+// derived from Context (so that Shutdown still ends the child).
+func CommandContext(ctx context.Context, name string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.WaitDelay = waitDelay
 	return cmd
