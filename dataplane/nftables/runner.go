@@ -51,7 +51,7 @@ func (r *childRunner) Run(ctx context.Context, tx *knftables.Transaction) error 
 	if _, err := f.WriteString(text); err != nil {
 		return fmt.Errorf("nftables: memfd: %w", err)
 	}
-	cmd := execx.CommandContext(ctx, r.path, "-f", "/dev/fd/3")
+	cmd := execx.CommandContext(ctx, r.path, "-f", "/proc/self/fd/3")
 	cmd.ExtraFiles = []*os.File{f}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
