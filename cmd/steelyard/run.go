@@ -124,6 +124,7 @@ func newRunCommand() *cobra.Command {
 			}
 			r := runner.New(agent.Sync, minSyncPeriod, syncPeriod, 0, nil)
 			agent.Requeue = r.Trigger // a dataplane's RequeueAfter (IPVS draining)
+			node.sysctlDir = dp.sysctlDir
 			if err := node.setupParity(ctx, agent, d, addrs, kubeconfig, manifests, nodeName, r.Trigger); err != nil {
 				return err
 			}
