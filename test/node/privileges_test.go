@@ -299,37 +299,37 @@ func TestPrivilegesEachRemoved(t *testing.T) {
 	web(t)
 	base := baseTemplate(t)
 	type removal struct {
-		name    string
-		mutate  func(*corev1.PodTemplateSpec)
-		before  func(t *testing.T)
-		works   bool     // the agent still serves (verify passes)
-		logSubs []string // the error the agent logs
-		breaks  string
+		id, name string
+		mutate   func(*corev1.PodTemplateSpec)
+		before   func(t *testing.T)
+		works    bool     // the agent still serves (verify passes)
+		logSubs  []string // the error the agent logs
+		breaks   string
 	}
 	cases := []removal{
 		{
-			name:    "NET_ADMIN",
+			id: "NET_ADMIN", name: "NET_ADMIN",
 			mutate:  func(tpl *corev1.PodTemplateSpec) { dropCap(agentSpec(t, tpl), "NET_ADMIN") },
-			logSubs: []string{"Permission denied"},
+			logSubs: []string{"sync failed", "IPv4", "Permission denied"},
 			breaks:  "every netfilter read and write: no rules, pod never Ready",
 		},
 		{
-			name: "NET_RAW with --iptables-mode legacy",
+			id: "NET_RAW-legacy", name: "NET_RAW with --iptables-mode legacy",
 			mutate: func(tpl *corev1.PodTemplateSpec) {
 				c := agentSpec(t, tpl)
 				dropCap(c, "NET_RAW")
 				setArg(c, "--iptables-mode=", "--iptables-mode=legacy")
 			},
-			logSubs: []string{"iptables-legacy", "ermission denied"},
+			logSubs: []string{"sync failed", "iptables-legacy", "Permission denied"},
 			breaks:  "iptables legacy: every sync fails, pod never Ready",
 		},
 		{
-			name:   "NET_RAW with iptables nft (this node's flavour)",
+			id: "NET_RAW-nft", name: "NET_RAW with iptables nft (this node's flavour)",
 			mutate: func(tpl *corev1.PodTemplateSpec) { dropCap(agentSpec(t, tpl), "NET_RAW") },
 			works:  true,
 		},
 		{
-			name: "the host /proc/sys/net mount (ip_forward 0)",
+			id: "proc-sys-net", name: "the host /proc/sys/net mount (ip_forward 0)",
 			mutate: func(tpl *corev1.PodTemplateSpec) {
 				c := agentSpec(t, tpl)
 				setArg(c, "--sysctl-dir=", "")
@@ -346,7 +346,7 @@ func TestPrivilegesEachRemoved(t *testing.T) {
 	}
 	var table []string
 	for _, c := range cases {
-		t.Run(strings.Fields(c.name)[0], func(t *testing.T) {
+		t.Run(c.id, func(t *testing.T) {
 			t0 := time.Now()
 			if c.before != nil {
 				c.before(t)
@@ -361,8 +361,12 @@ func TestPrivilegesEachRemoved(t *testing.T) {
 				return
 			}
 			line := waitLog(t, p.Name, 60*time.Second, c.logSubs...)
-			if podReady(t, p.Name) {
-				t.Errorf("pod %s without %s is Ready", p.Name, c.name)
+			// Readiness is the first successful sync: it never comes.
+			for range 10 {
+				if podReady(t, p.Name) {
+					t.Fatalf("pod %s without %s is Ready", p.Name, c.name)
+				}
+				time.Sleep(time.Second)
 			}
 			table = append(table, fmt.Sprintf("%s removed: %s; pod %s not Ready; log: %s [%v]", c.name, c.breaks, p.Name, line, time.Since(t0).Round(time.Second)))
 		})
@@ -383,11 +387,12 @@ func TestPrivilegesEachRemoved(t *testing.T) {
 }
 
 // ingressCaps are what --ingress adds for nginx (docs/least-privilege.md).
-var ingressCaps = []corev1.Capability{"NET_BIND_SERVICE", "SETUID", "SETGID", "CHOWN"}
+var ingressCaps = []corev1.Capability{"NET_BIND_SERVICE", "SETUID", "SETGID", "CHOWN", "KILL"}
 
 // --ingress with the capabilities nginx needs: an Ingress to web answers
-// on the node's port 80 from outside; each capability removed in turn
-// breaks nginx with its own error.
+// on the node's port 80 from outside, and after nginx's master is killed
+// the agent ends its workers and starts a new nginx; each capability
+// removed in turn breaks nginx with its own error.
 func TestPrivilegesIngress(t *testing.T) {
 	web(t)
 	base := baseTemplate(t)
@@ -448,6 +453,7 @@ spec:
 	}
 	st := readProcStatus(t, pid)
 	table := []string{fmt.Sprintf("--ingress with %v: GET %s -> %d %s; agent CapEff %v [%v]", ingressCaps, url, code, body, st.eff, time.Since(t0).Round(time.Second))}
+	table = append(table, "nginx master SIGKILLed: "+crashNginx(t, p.Name, get, true))
 
 	// What nginx says without each one (the agent relays nginx's stderr).
 	want := map[corev1.Capability][]string{
@@ -460,6 +466,14 @@ spec:
 		t.Run(string(k), func(t *testing.T) {
 			t0 := time.Now()
 			p := rollout(t, base, withIngress(k))
+			if k == "KILL" {
+				// nginx runs; what breaks is its recovery from a crash.
+				if _, err := node.Kubectl(t.Context(), "-n", "steelyard", "rollout", "status", "ds/steelyard", "--timeout=2m"); err != nil {
+					t.Fatal(err)
+				}
+				table = append(table, fmt.Sprintf("--ingress without KILL, nginx master SIGKILLed: %s [%v]", crashNginx(t, p.Name, get, false), time.Since(t0).Round(time.Second)))
+				return
+			}
 			line := waitLog(t, p.Name, 60*time.Second, want[k]...)
 			code, body, err := get()
 			if err == nil && code == 200 {
@@ -470,5 +484,52 @@ spec:
 	}
 	for _, l := range table {
 		t.Log(l)
+	}
+}
+
+// crashNginx SIGKILLs nginx's master in the agent's pod (as a crash
+// would). Its workers (user nobody) keep port 80; the agent kills their
+// process group and starts nginx again, which takes CAP_KILL (root signals
+// another user's processes). recovers says which outcome to expect: a new
+// master that serves, or the new master failing to bind port 80.
+func crashNginx(t *testing.T, pod string, get func() (int, string, error), recovers bool) string {
+	t.Helper()
+	pidOf := func() string {
+		out, _ := node.Kubectl(t.Context(), "-n", "steelyard", "exec", pod, "-c", "steelyard", "--", "cat", "/run/steelyard/nginx/nginx.pid")
+		return strings.TrimSpace(out)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if code, _, err := get(); err == nil && code == 200 && pidOf() != "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("nginx does not serve before the crash")
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	before := pidOf()
+	if out, err := node.Kubectl(t.Context(), "-n", "steelyard", "exec", pod, "-c", "steelyard", "--", "sh", "-c", "kill -9 "+before); err != nil {
+		t.Fatalf("kill -9 nginx master %s: %v %s", before, err, out)
+	}
+	if !recovers {
+		line := waitLog(t, pod, 30*time.Second, "bind() to 0.0.0.0:80 failed (98: Address already in use)")
+		return "old workers keep port 80 (agent cannot kill them), every new nginx fails: " + line
+	}
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		after := pidOf()
+		code, body, err := get()
+		if after != "" && after != before && err == nil && code == 200 {
+			out, _ := node.Kubectl(t.Context(), "-n", "steelyard", "logs", pod, "-c", "steelyard")
+			if strings.Contains(out, "Address already in use") {
+				t.Errorf("nginx restarted but one start failed to bind:\n%s", lastLineWith(out, "Address already in use"))
+			}
+			return fmt.Sprintf("master %s -> %s, GET -> %d %s", before, after, code, body)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nginx not back 30 s after its master %s was killed: pid %q, GET %d %v", before, after, code, err)
+		}
+		time.Sleep(500 * time.Millisecond)
 	}
 }
