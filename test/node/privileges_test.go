@@ -303,6 +303,7 @@ func TestPrivilegesEachRemoved(t *testing.T) {
 		mutate   func(*corev1.PodTemplateSpec)
 		before   func(t *testing.T)
 		works    bool     // the agent still serves (verify passes)
+		mode     string   // --mode of the agent and verify; "" is the manifests' iptables
 		logSubs  []string // the error the agent logs
 		breaks   string
 	}
@@ -324,9 +325,23 @@ func TestPrivilegesEachRemoved(t *testing.T) {
 			breaks:  "iptables legacy: every sync fails, pod never Ready",
 		},
 		{
-			id: "NET_RAW-nft", name: "NET_RAW with iptables nft (this node's flavour)",
+			id: "NET_RAW-nft", name: "NET_RAW removed, iptables nft (this node's flavour)",
 			mutate: func(tpl *corev1.PodTemplateSpec) { dropCap(agentSpec(t, tpl), "NET_RAW") },
 			works:  true,
+		},
+		{
+			id: "nftables", name: "--mode nftables with the final set", mode: "nftables", works: true,
+			mutate: func(tpl *corev1.PodTemplateSpec) { setArg(agentSpec(t, tpl), "--mode=", "--mode=nftables") },
+		},
+		{
+			id: "NET_ADMIN-nftables", name: "NET_ADMIN with --mode nftables", mode: "nftables",
+			mutate: func(tpl *corev1.PodTemplateSpec) {
+				c := agentSpec(t, tpl)
+				dropCap(c, "NET_ADMIN")
+				setArg(c, "--mode=", "--mode=nftables")
+			},
+			logSubs: []string{"nftables", "Operation not permitted"},
+			breaks:  "nftables: the agent exits at start (CrashLoopBackOff)",
 		},
 		{
 			id: "proc-sys-net", name: "the host /proc/sys/net mount (ip_forward 0)",
@@ -356,8 +371,8 @@ func TestPrivilegesEachRemoved(t *testing.T) {
 				if _, err := node.Kubectl(t.Context(), "-n", "steelyard", "rollout", "status", "ds/steelyard", "--timeout=2m"); err != nil {
 					t.Fatal(err)
 				}
-				waitVerify(t, 30*time.Second)
-				table = append(table, fmt.Sprintf("%s removed: works (verify passes) [%v]", c.name, time.Since(t0).Round(time.Second)))
+				verifyMode(t, c.mode, 30*time.Second)
+				table = append(table, fmt.Sprintf("%s: works (verify passes) [%v]", c.name, time.Since(t0).Round(time.Second)))
 				return
 			}
 			line := waitLog(t, p.Name, 60*time.Second, c.logSubs...)
@@ -375,6 +390,10 @@ func TestPrivilegesEachRemoved(t *testing.T) {
 	// the hostPath mount.
 	t0 := time.Now()
 	restoreDaemonSet(t, base)
+	// The nftables agent's table stays (rules survive restarts): remove it.
+	if out, err := inSteelyard(t, "steelyard", "cleanup", "--mode=nftables"); err != nil {
+		t.Errorf("cleanup --mode nftables: %v\n%s", err, out)
+	}
 	waitVerify(t, 30*time.Second)
 	v, err := node.Sandbox.Node.ReadSysctl("net/ipv4/ip_forward")
 	if err != nil || v != "1" {
@@ -531,5 +550,26 @@ func crashNginx(t *testing.T, pod string, get func() (int, string, error), recov
 			t.Fatalf("nginx not back 30 s after its master %s was killed: pid %q, GET %d %v", before, after, code, err)
 		}
 		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// verifyMode is waitVerify for an agent of another --mode ("" is the
+// manifests' iptables).
+func verifyMode(t *testing.T, mode string, timeout time.Duration) {
+	t.Helper()
+	if mode == "" {
+		waitVerify(t, timeout)
+		return
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		out, err := inSteelyard(t, "steelyard", "verify", "--mode="+mode)
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("steelyard verify --mode=%s after %v: %v\n%s", mode, timeout, err, out)
+		}
+		time.Sleep(time.Second)
 	}
 }
