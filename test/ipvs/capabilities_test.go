@@ -44,6 +44,19 @@ func TestIPVSCapabilities(t *testing.T) {
 	if _, err := exec.LookPath("/usr/bin/setpriv"); err != nil {
 		t.Fatalf("util-linux setpriv is not in the VM (scripts/vm/run.sh copies it): %v", err)
 	}
+	// errorWith returns the first log line with every one of want, or "".
+	errorWith := func(log string, want ...string) string {
+		for _, l := range strings.Split(log, "\n") {
+			all := true
+			for _, w := range want {
+				all = all && strings.Contains(l, w)
+			}
+			if all {
+				return l
+			}
+		}
+		return ""
+	}
 	sb := sandbox.NewT(t, sandbox.Options{})
 	dir := t.TempDir()
 	copyDir(t, examplesDir, dir)
@@ -67,7 +80,7 @@ func TestIPVSCapabilities(t *testing.T) {
 	// the agent logs a line with want (the failure expected without a
 	// capability; under TCG on a busy machine a first sync can take a
 	// minute, so a plain timeout would prove nothing). It cleans up after.
-	run := func(caps []string, timeout time.Duration, want string, extra ...string) (bool, string) {
+	run := func(caps []string, timeout time.Duration, want []string, extra ...string) (bool, string) {
 		t.Helper()
 		set := "-all"
 		for _, c := range caps {
@@ -85,7 +98,7 @@ func TestIPVSCapabilities(t *testing.T) {
 			if exited, _ := a.Exited(); exited {
 				break
 			}
-			if want != "" && strings.Contains(a.Log(), want) {
+			if len(want) > 0 && errorWith(a.Log(), want...) != "" {
 				break
 			}
 			if _, _, err := sb.Node.Exec2(steelyardBin, "verify", "--manifests", dir, "--mode", "ipvs"); err == nil {
@@ -102,15 +115,6 @@ func TestIPVSCapabilities(t *testing.T) {
 		}
 		return ok, a.Log()
 	}
-	// errorWith returns the log line with want, or "" if there is none.
-	errorWith := func(log, want string) string {
-		for _, l := range strings.Split(log, "\n") {
-			if strings.Contains(l, want) {
-				return l
-			}
-		}
-		return ""
-	}
 	sysctlDir := []string{"--sysctl-dir", "/run/host/proc/sys"}
 	need := []string{"net_admin", "net_raw"}
 	resetVS := func() {
@@ -122,30 +126,30 @@ func TestIPVSCapabilities(t *testing.T) {
 
 	resetVS()
 	t0 := time.Now()
-	ok, log := run(need, 120*time.Second, "", sysctlDir...)
+	ok, log := run(need, 120*time.Second, nil, sysctlDir...)
 	if !ok {
 		t.Fatalf("the IPVS agent does not work with %v and --sysctl-dir:\n%s", need, log)
 	}
 	v, _ := sb.Node.ReadSysctl("net/ipv4/vs/conntrack")
 	t.Logf("works with %v, read-only root and /proc/sys, --sysctl-dir on /proc/sys/net: verify passes in %v; net.ipv4.vs.conntrack now %s", need, time.Since(t0).Round(time.Millisecond), v)
 	// The error each removal gives (the first write that needs it).
-	wants := map[string]string{
-		"net_admin": "operation not permitted",
-		"net_raw":   "Permission denied (you must be root)",
+	wants := map[string][]string{
+		"net_admin": {"sync failed", "operation not permitted"},
+		"net_raw":   {"sync failed", "iptables", "Permission denied"},
 	}
 	for i := range need {
 		without := append(append([]string(nil), need[:i]...), need[i+1:]...)
 		ok, log := run(without, 120*time.Second, wants[need[i]], sysctlDir...)
-		if line := errorWith(log, wants[need[i]]); ok || line == "" {
+		if line := errorWith(log, wants[need[i]]...); ok || line == "" {
 			t.Errorf("without %s: verify passed %v, no log line with %q:\n%s", need[i], ok, wants[need[i]], log)
 		} else {
 			t.Logf("without %s: fails: %s", need[i], line)
 		}
 	}
 	resetVS()
-	const ro = "read-only file system"
+	ro := []string{"sync failed", "net.ipv4.vs.conntrack", "read-only file system"}
 	ok, log = run(need, 120*time.Second, ro)
-	if line := errorWith(log, ro); ok || line == "" {
+	if line := errorWith(log, ro...); ok || line == "" {
 		t.Errorf("without --sysctl-dir (net.ipv4.vs.conntrack 0, /proc/sys read-only): verify passed %v, no log line with %q:\n%s", ok, ro, log)
 	} else {
 		t.Logf("without --sysctl-dir (net.ipv4.vs.conntrack 0): fails: %s", line)
