@@ -101,7 +101,10 @@ func lastError(log string) string {
 // set): it works with exactly the capabilities of its mode, and fails
 // without any one of them. The net.ipv4.ip_forward sysctl is already 1
 // (the CNI plugin, or the node, sets it); with it 0 and /proc/sys
-// read-only, the agent refuses to start, which the last case shows.
+// read-only, the agent refuses to start, and with --sysctl-dir on a
+// writable bind of /proc/sys/net (the DaemonSet's way) it turns it on: the
+// last two cases. test/node/privileges_test.go measures the same on the
+// real node.
 func TestCapabilities(t *testing.T) {
 	if _, err := exec.LookPath("setpriv"); err != nil {
 		t.Skip("setpriv (util-linux) not installed")
