@@ -135,7 +135,7 @@ func TestIPVSCapabilities(t *testing.T) {
 	// The error each removal gives (the first write that needs it).
 	wants := map[string][]string{
 		"net_admin": {"sync failed", "operation not permitted"},
-		"net_raw":   {"sync failed", "iptables", "Permission denied"},
+		"net_raw":   {"sync failed", "iptables-legacy-restore", "unable to initialize table"},
 	}
 	for i := range need {
 		without := append(append([]string(nil), need[:i]...), need[i+1:]...)
