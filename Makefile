@@ -74,13 +74,14 @@ k8s: control-plane
 # busybox-static, ipvsadm and ipset itself; the initramfs is cached under
 # ~/.cache/steelyard/vm-<kernel>. About 10 s of boot, under 2 minutes.
 ipvs:
-	$(ROOT) env GO=$(GO) scripts/vm/test-ipvs.sh
+	$(ROOT) env GO=$(GO) scripts/vm/test-ipvs.sh -test.skip TestIPVSCapabilities
+	$(ROOT) env GO=$(GO) IPVS_VM_TIMEOUT=300 scripts/vm/test-ipvs.sh -test.run TestIPVSCapabilities
 
 # The IPVS chaos test alone (SIGKILLs, SIGTERM, ipvsadm -C) in its own VM
 # boot, with 5 minutes for it (docs/chaos.md).
 .PHONY: ipvs-chaos
 ipvs-chaos:
-	$(ROOT) env GO=$(GO) IPVS_CHAOS=1 VM_TIMEOUT=300 scripts/vm/test-ipvs.sh -test.run TestIPVSChaos
+	$(ROOT) env GO=$(GO) IPVS_CHAOS=1 IPVS_VM_TIMEOUT=300 scripts/vm/test-ipvs.sh -test.run TestIPVSChaos
 
 # The chained CNI plugin (real bridge + host-local + steelyard-cni through
 # libcni, every spec version) and stale UDP flow cleanup, in namespaces. The

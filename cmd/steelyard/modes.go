@@ -166,7 +166,7 @@ func cleanupIPTablesMode(f *dataplaneFlags) error {
 
 func openIPVSMode(f *dataplaneFlags, env modeEnv) (*dataplane.DualStack, error) {
 	cfg := ipvs.Config{Scheduler: f.ipvsScheduler, GracefulPeriod: f.ipvsGracefulPeriod,
-		Masquerade: env.masquerade, NodeAddresses: env.nodeAddresses}
+		Masquerade: env.masquerade, NodeAddresses: env.nodeAddresses, SysctlDir: f.sysctlDir}
 	if cfg.Scheduler != "" {
 		s, err := controller.ParseScheduler(cfg.Scheduler)
 		if err != nil {

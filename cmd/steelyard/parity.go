@@ -19,6 +19,8 @@ import (
 type nodeFlags struct {
 	zone              string
 	nodePortAddresses []string
+	// sysctlDir is run's --sysctl-dir.
+	sysctlDir string
 }
 
 func (f *nodeFlags) register(cmd *cobra.Command, withAddresses bool) {
@@ -99,7 +101,7 @@ func (f *nodeFlags) setupParity(ctx context.Context, agent *controller.Agent, d 
 	})
 	if d.IPv6() {
 		agent.Builder.EnableIPv6()
-		if err := setIPv6Forwarding(); err != nil {
+		if err := setIPv6Forwarding(f.sysctlDir); err != nil {
 			log.WithError(err).Warn("cannot turn on IPv6 forwarding")
 		}
 	}
@@ -146,4 +148,9 @@ func nodePortAddresses(cidrs []netip.Prefix, primary []netip.Addr) []netip.Addr 
 
 // setIPv6Forwarding turns on IPv6 forwarding, which every mode needs for
 // IPv6 Service ports to pods; tests replace it (they run in no namespace).
-var setIPv6Forwarding = func() error { return dataplane.SetSysctl("net.ipv6.conf.all.forwarding", "1") }
+var setIPv6Forwarding = func(dir string) error {
+	if dir == "" {
+		dir = dataplane.ProcSys
+	}
+	return dataplane.SetSysctlAt(dir, "net.ipv6.conf.all.forwarding", "1")
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -42,6 +43,8 @@ type dataplaneFlags struct {
 	// IPVS mode (ipvs.go).
 	ipvsScheduler      string
 	ipvsGracefulPeriod time.Duration
+	// sysctlDir is where the node's sysctls are written (--sysctl-dir).
+	sysctlDir string
 }
 
 func (f *dataplaneFlags) register(cmd *cobra.Command, withConfig bool) {
@@ -52,6 +55,10 @@ func (f *dataplaneFlags) register(cmd *cobra.Command, withConfig bool) {
 		cmd.Flags().BoolVar(&f.masqueradeAll, "masquerade-all", false, "masquerade every new connection to a VIP")
 		cmd.Flags().IntVar(&f.masqueradeBit, "masquerade-bit", dataplane.DefaultMasqueradeBit, "fwmark bit (0-31) that marks packets for masquerading")
 		f.registerIPVS(cmd)
+		// A container that is not privileged gets /proc/sys read-only;
+		// the DaemonSet mounts the host's /proc/sys/net (per network
+		// namespace, so the node's) at /host/proc/sys/net instead.
+		cmd.Flags().StringVar(&f.sysctlDir, "sysctl-dir", dataplane.ProcSys, "where the node's sysctls are written (net.ipv4.ip_forward, IPVS's net.ipv4.vs.*): /proc/sys, or a writable mount of the host's /proc/sys/net at DIR/net")
 	}
 }
 
@@ -87,7 +94,10 @@ func newRunCommand() *cobra.Command {
 			if err := gw.check(manifests); err != nil {
 				return err
 			}
-			if err := dataplane.SetSysctl("net.ipv4.ip_forward", "1"); err != nil {
+			if err := dataplane.SetSysctlAt(dp.sysctlDir, "net.ipv4.ip_forward", "1"); err != nil {
+				if errors.Is(err, syscall.EROFS) {
+					return fmt.Errorf("%w (a container that is not privileged has /proc/sys read-only: mount the host's /proc/sys/net and pass --sysctl-dir, see docs/least-privilege.md)", err)
+				}
 				return err
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
@@ -114,6 +124,7 @@ func newRunCommand() *cobra.Command {
 			}
 			r := runner.New(agent.Sync, minSyncPeriod, syncPeriod, 0, nil)
 			agent.Requeue = r.Trigger // a dataplane's RequeueAfter (IPVS draining)
+			node.sysctlDir = dp.sysctlDir
 			if err := node.setupParity(ctx, agent, d, addrs, kubeconfig, manifests, nodeName, r.Trigger); err != nil {
 				return err
 			}

@@ -131,7 +131,7 @@ func metric(t *testing.T, m *controller.Metrics, name string) string {
 // full on its own is counted as full (issue 11: the wrapper hid it).
 func TestWiringEveryMode(t *testing.T) {
 	prev := setIPv6Forwarding
-	setIPv6Forwarding = func() error { return nil } // not in a test namespace
+	setIPv6Forwarding = func(string) error { return nil } // not in a test namespace
 	defer func() { setIPv6Forwarding = prev }()
 	fakes := fakeModes()
 	svcs, slices := dualStackObjects()

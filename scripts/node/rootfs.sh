@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build (once) and cache the root filesystem of the steelyard image: the
-# Dockerfile's runtime stage, Debian bookworm (minbase) with iptables, ipset,
+# Dockerfile's runtime stage, Debian bookworm (minbase) with iptables, nftables, ipset,
 # ipvsadm, conntrack, iproute2 and nginx-light, made by debootstrap from the
 # machine's Debian mirror (no registry, no base image download).
 #
@@ -15,7 +15,7 @@ set -euo pipefail
 
 suite=${ROOTFS_SUITE:-bookworm}
 mirror=${ROOTFS_MIRROR:-http://deb.debian.org/debian}
-packages=iptables,ipset,ipvsadm,conntrack,iproute2,nginx-light
+packages=iptables,nftables,ipset,ipvsadm,conntrack,iproute2,nginx-light
 cache=${STEELYARD_CACHE:-$HOME/.cache/steelyard}
 key=$( (echo "$suite $packages"; cat "${BASH_SOURCE[0]}") | sha256sum | cut -c1-12)
 out=$cache/rootfs-$suite-$key.tar

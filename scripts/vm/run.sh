@@ -49,7 +49,8 @@ modules=(ip_vs ip_vs_rr ip_vs_wrr ip_vs_lc ip_vs_wlc ip_vs_sh ip_vs_mh nf_conntr
 	veth dummy ip_set ip_set_hash_ipport ip_set_hash_ipportip ip_set_hash_ipportnet xt_set
 	x_tables ip_tables iptable_nat iptable_filter xt_MASQUERADE xt_mark xt_comment xt_conntrack
 	xt_addrtype xt_nat nf_conntrack_netlink ip6_tables ip6table_nat ip6table_filter crc32c-intel)
-tools=(/usr/sbin/ipvsadm /usr/sbin/ipset /usr/sbin/xtables-legacy-multi /usr/bin/ip /sbin/ip /bin/ip)
+# setpriv: test/ipvs/capabilities_test.go runs the agent with a bounding set.
+tools=(/usr/sbin/ipvsadm /usr/sbin/ipset /usr/sbin/xtables-legacy-multi /usr/bin/ip /sbin/ip /bin/ip /usr/bin/setpriv)
 
 build_base() {
 	local root

@@ -18,9 +18,13 @@ import (
 // for a container that is not privileged), and the agent running as root
 // with only the capabilities in $CAPS (bounding set; as root the exec then
 // gets exactly those as permitted and effective, as in a container).
+// /run/host/proc/sys/net is a writable bind of /proc/sys/net, as the
+// DaemonSet's hostPath volume (used with --sysctl-dir /run/host/proc/sys).
 const confine = `set -e
 mount -o remount,bind,ro /
 mount -t tmpfs -o size=1m,mode=0755 tmpfs /run
+mkdir -p /run/host/proc/sys/net
+mount --bind /proc/sys/net /run/host/proc/sys/net
 mount --bind /proc/sys /proc/sys
 mount -o remount,bind,ro /proc/sys
 exec setpriv --inh-caps=-all --bounding-set="$CAPS" "$@"`
@@ -44,14 +48,14 @@ func capModes() []capMode {
 // capRun starts the agent confined with caps and reports whether it works:
 // verify (run unconfined, as the judge) passes within timeout while the
 // agent runs. It returns the agent's log.
-func capRun(t *testing.T, f *fixture, m capMode, caps []string, timeout time.Duration) (bool, string) {
+func capRun(t *testing.T, f *fixture, m capMode, caps []string, timeout time.Duration, extra ...string) (bool, string) {
 	t.Helper()
 	set := "-all"
 	for _, c := range caps {
 		set += ",+" + c
 	}
 	args := append([]string{"-m", "--propagation", "private", "env", "CAPS=" + set, "/bin/sh", "-c", confine, "sh",
-		steelyardBin, "run", "--manifests", f.dir, "--cluster-cidr", sandbox.ClusterCIDR.String(), "--sync-period", "2s"}, m.args...)
+		steelyardBin, "run", "--manifests", f.dir, "--cluster-cidr", sandbox.ClusterCIDR.String(), "--sync-period", "2s"}, append(m.args, extra...)...)
 	a, err := f.sb.StartAgent("/usr/bin/unshare", args...)
 	if err != nil {
 		t.Fatal(err)
@@ -97,7 +101,10 @@ func lastError(log string) string {
 // set): it works with exactly the capabilities of its mode, and fails
 // without any one of them. The net.ipv4.ip_forward sysctl is already 1
 // (the CNI plugin, or the node, sets it); with it 0 and /proc/sys
-// read-only, the agent refuses to start, which the last case shows.
+// read-only, the agent refuses to start, and with --sysctl-dir on a
+// writable bind of /proc/sys/net (the DaemonSet's way) it turns it on: the
+// last two cases. test/node/privileges_test.go measures the same on the
+// real node.
 func TestCapabilities(t *testing.T) {
 	if _, err := exec.LookPath("setpriv"); err != nil {
 		t.Skip("setpriv (util-linux) not installed")
@@ -139,6 +146,16 @@ func TestCapabilities(t *testing.T) {
 			} else {
 				t.Logf("ip_forward 0, /proc/sys read-only: fails: %s", lastError(log))
 			}
+			// The DaemonSet's way: the host's /proc/sys/net mounted
+			// writable elsewhere, --sysctl-dir pointing at it.
+			ok, log = capRun(t, f, m, m.need, 20*time.Second, "--sysctl-dir", "/run/host/proc/sys")
+			v, _ := f.sb.Node.ReadSysctl("net/ipv4/ip_forward")
+			if !ok || v != "1" {
+				t.Errorf("with --sysctl-dir on a writable /proc/sys/net: works %v, ip_forward %q:\n%s", ok, v, log)
+			} else {
+				t.Logf("ip_forward 0, --sysctl-dir /run/host/proc/sys (writable bind of /proc/sys/net): works, ip_forward now %s", v)
+			}
+			cleanupMode(t, f, m)
 		})
 	}
 }

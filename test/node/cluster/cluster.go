@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -564,9 +566,16 @@ func (c *Cluster) Stop() error {
 			errs = append(errs, err)
 		}
 	}
-	for i := len(c.madeEtcCNI) - 1; i >= 0; i-- {
-		if err := syscall.Rmdir(c.madeEtcCNI[i]); err != nil {
-			errs = append(errs, err)
+	// The list on disk: another owner may have handed its own over.
+	made := c.madeEtcCNI
+	if b, err := os.ReadFile(filepath.Join(c.Dir, madeDirsFile)); err == nil {
+		made = strings.Fields(string(b))
+	}
+	if !handOverMadeDirs(c.Dir, made) {
+		for i := len(made) - 1; i >= 0; i-- {
+			if err := syscall.Rmdir(made[i]); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
 		}
 	}
 	if err := os.RemoveAll(c.Dir); err != nil {
@@ -609,7 +618,7 @@ func removeOrphans(logf func(string, ...any)) {
 					logf("cluster: restored host tunables of a killed owner: %s", strings.Join(restored, ", "))
 				}
 			}
-			if made, err := os.ReadFile(filepath.Join(d, madeDirsFile)); err == nil {
+			if made, err := os.ReadFile(filepath.Join(d, madeDirsFile)); err == nil && !handOverMadeDirs(d, strings.Fields(string(made))) {
 				dirs := strings.Fields(string(made))
 				for i := len(dirs) - 1; i >= 0; i-- {
 					_ = syscall.Rmdir(dirs[i]) // only if still empty
@@ -619,6 +628,43 @@ func removeOrphans(logf func(string, ...any)) {
 		}
 	}
 	_ = sandbox.RemoveLeftovers("syn", logf)
+}
+
+// handOverMadeDirs gives the host mount points self made (/etc/cni,
+// /etc/cni/net.d) to another live owner's list instead of removing them:
+// removing a directory detaches the mounts on it in every mount namespace,
+// so a concurrent cluster bound onto it would lose its /etc/cni/net.d (seen
+// here: its install-cni then waited for a conflist that had vanished). It
+// reports whether some owner took them.
+func handOverMadeDirs(self string, made []string) bool {
+	if len(made) == 0 {
+		return false
+	}
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), ownerPrefix+"*"))
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(strings.SplitN(strings.TrimPrefix(filepath.Base(d), ownerPrefix), "-", 2)[0])
+		if d == self || err != nil || !alive(pid) {
+			continue
+		}
+		f := filepath.Join(d, madeDirsFile)
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		have := strings.Fields(string(b))
+		for _, m := range made {
+			if !slices.Contains(have, m) {
+				have = append(have, m)
+			}
+		}
+		// Outer directories first, as Start writes them (removal goes in
+		// reverse).
+		sort.Slice(have, func(i, j int) bool { return len(have[i]) < len(have[j]) })
+		if os.WriteFile(f, []byte(strings.Join(have, "\n")), 0o644) == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // alive reports whether pid runs. A zombie does not: a killed owner stays
