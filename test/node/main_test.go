@@ -79,31 +79,9 @@ func manifestsDir() string {
 	return filepath.Join(filepath.Dir(file), "..", "..", "manifests")
 }
 
-// install does what the README's "Try it on a real node" says: apply
-// manifests/, give the agent the API server's address (the kubernetes
-// Service's VIP needs steelyard itself), set the pod CIDR, roll the
-// DaemonSet and wait for it.
+// install applies manifests/ as the README says (cluster.InstallSteelyard).
 func install(ctx context.Context) error {
-	k := func(args ...string) error {
-		_, err := node.Kubectl(ctx, args...)
-		return err
-	}
-	steps := [][]string{
-		{"apply", "-f", manifestsDir()},
-		{"-n", "steelyard", "create", "configmap", "steelyard-apiserver",
-			"--from-literal=KUBERNETES_SERVICE_HOST=" + node.NodeIP.String(),
-			fmt.Sprintf("--from-literal=KUBERNETES_SERVICE_PORT=%d", node.APIPort)},
-		{"-n", "steelyard", "patch", "configmap", "steelyard-config", "--type=merge",
-			"-p", `{"data":{"CLUSTER_CIDR":"` + cluster.PodCIDR.String() + `"}}`},
-		{"-n", "steelyard", "rollout", "restart", "ds/steelyard"},
-		{"-n", "steelyard", "rollout", "status", "ds/steelyard", "--timeout=3m"},
-	}
-	for _, s := range steps {
-		if err := k(s...); err != nil {
-			return err
-		}
-	}
-	return nil
+	return node.InstallSteelyard(ctx, manifestsDir(), nil)
 }
 
 // kubectl runs kubectl as the admin, failing the test on error.

@@ -32,6 +32,9 @@ type Options struct {
 	Logf func(format string, args ...any)
 	// ReadyTimeout bounds the wait for the Node to be Ready (default 3m).
 	ReadyTimeout time.Duration
+	// ExtraControllers are kube-controller-manager controllers to run
+	// besides Controllers (the conformance suite needs a few more).
+	ExtraControllers []string
 }
 
 // Cluster is a running one-node cluster. Stop tears it all down.
@@ -238,7 +241,7 @@ func (c *Cluster) startControllers() error {
 	kcm, err := controlplane.StartComponent("kube-controller-manager", c.Binaries.KubeControllerManager, []string{
 		"--kubeconfig=" + c.CP.Kubeconfig,
 		"--leader-elect=false",
-		controllersFlag(),
+		controllersFlag(c.opts.ExtraControllers...),
 		"--service-account-private-key-file=" + c.CP.ServiceAccountKeyFile(),
 		"--root-ca-file=" + c.CP.CAFile,
 		"--use-service-account-credentials=false",

@@ -194,4 +194,6 @@ var Controllers = []string{
 	"node-lifecycle-controller",
 }
 
-func controllersFlag() string { return "--controllers=" + strings.Join(Controllers, ",") }
+func controllersFlag(extra ...string) string {
+	return "--controllers=" + strings.Join(append(append([]string(nil), Controllers...), extra...), ",")
+}

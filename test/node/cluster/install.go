@@ -1,0 +1,106 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/steelyard-net/steelyard/test/controlplane"
+)
+
+// InstallSteelyard does what the README's "Try it on a real node" says:
+// apply manifestsDir (the repository's manifests/), give the agent the API
+// server's address (the kubernetes Service's VIP needs steelyard itself),
+// set the pod CIDR and the extra keys of config (steelyard-config, for
+// example MODE), roll the DaemonSet and wait for it.
+func (c *Cluster) InstallSteelyard(ctx context.Context, manifestsDir string, config map[string]string) error {
+	data := map[string]string{"CLUSTER_CIDR": PodCIDR.String()}
+	for k, v := range config {
+		data[k] = v
+	}
+	patch := `{"data":{`
+	first := true
+	for k, v := range data {
+		if !first {
+			patch += ","
+		}
+		first = false
+		patch += fmt.Sprintf("%q:%q", k, v)
+	}
+	patch += "}}"
+	steps := [][]string{
+		{"apply", "-f", manifestsDir},
+		{"-n", "steelyard", "create", "configmap", "steelyard-apiserver",
+			"--from-literal=KUBERNETES_SERVICE_HOST=" + c.NodeIP.String(),
+			fmt.Sprintf("--from-literal=KUBERNETES_SERVICE_PORT=%d", c.APIPort)},
+		{"-n", "steelyard", "patch", "configmap", "steelyard-config", "--type=merge", "-p", patch},
+		{"-n", "steelyard", "rollout", "restart", "ds/steelyard"},
+		{"-n", "steelyard", "rollout", "status", "ds/steelyard", "--timeout=3m"},
+	}
+	for _, s := range steps {
+		if _, err := c.Kubectl(ctx, s...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// KubeProxyHealthz is where StartKubeProxy's kube-proxy serves /healthz
+// (its default, 0.0.0.0:10256 inside the node namespace).
+const KubeProxyHealthz = "0.0.0.0:10256"
+
+// StartKubeProxy runs the kube-proxy of the control-plane cache as a
+// process in the node's network and mount namespaces (like kubelet, so
+// its rules, sysctls and xtables lock are the node's), in mode ("iptables"
+// or "nftables"), and waits for its /healthz. The conntrack settings are
+// zero: kube-proxy then leaves nf_conntrack_max and the hashsize (host-wide
+// values) alone. Stop ends it with the node.
+func (c *Cluster) StartKubeProxy(ctx context.Context, mode string) error {
+	cfg := filepath.Join(c.Dir, "kube-proxy.yaml")
+	doc := fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection:
+  kubeconfig: %q
+hostnameOverride: %q
+mode: %q
+clusterCIDR: %q
+healthzBindAddress: %q
+metricsBindAddress: 127.0.0.1:10249
+conntrack:
+  maxPerCore: 0
+  min: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
+`, c.CP.Kubeconfig, c.NodeName, mode, PodCIDR.String(), KubeProxyHealthz)
+	if err := os.WriteFile(cfg, []byte(doc), 0o644); err != nil {
+		return err
+	}
+	kp := filepath.Join(filepath.Dir(c.Binaries.KubeControllerManager), "kube-proxy")
+	p, err := controlplane.StartComponent("kube-proxy", "nsenter", c.inNode(kp, "--config="+cfg, "--v=1"),
+		filepath.Join(c.Dir, "kube-proxy.log"))
+	if err != nil {
+		return err
+	}
+	c.add(p)
+	if err := joinCgroup(c.cgroup+"/runtime", p.Pid()); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		code, _, err := c.Sandbox.Node.HTTPGet("http://127.0.0.1:10256/healthz", 2*time.Second)
+		if err == nil && code == http.StatusOK {
+			c.logf("cluster: kube-proxy (%s mode) healthy", mode)
+			return nil
+		}
+		if !p.Running() {
+			return fmt.Errorf("kube-proxy exited: %v\n%s", p.ExitError(), p.Tail(30))
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("kube-proxy not healthy after 1m (last: %d %v)\n%s", code, err, p.Tail(30))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
