@@ -147,12 +147,14 @@ cluster-down:
 # source and cached) on the real node, once per proxy: steelyard iptables,
 # steelyard nftables, kube-proxy iptables (the reference); one table.
 # Not part of test (tens of minutes). PROXIES=kube-proxy,... picks some,
-# FOCUS=regexp narrows the run, NODES sets ginkgo's parallelism
+# FOCUS=regexp narrows the run, NODES sets ginkgo's parallelism, PARALLEL=1
+# runs the proxies at once, a node each
 # (docs/conformance.md; focus and skip rules in test/conformance/skip.txt).
 conformance: node-deps
 	$(GO) build -o bin/steelyard-conformance ./test/conformance
-	e2e=$$(scripts/conformance/build.sh) && $(ROOT) env $(NODE_ENV) bin/steelyard-conformance \
-	  --e2e-dir "$$e2e" --proxies "$(PROXIES)" --focus "$(FOCUS)" --nodes "$(or $(NODES),4)"
+	e2e=$$(scripts/conformance/build.sh) && images=$$($(ROOT) scripts/conformance/images.sh) && \
+	$(ROOT) env $(NODE_ENV) bin/steelyard-conformance --e2e-dir "$$e2e" --images-dir "$$images" \
+	  --proxies "$(PROXIES)" --focus "$(FOCUS)" --nodes "$(or $(NODES),4)" $(if $(PARALLEL),--parallel)
 
 # Every fuzz target for FUZZTIME each (plain go test runs their seed
 # corpora: the f.Add seeds and testdata/fuzz/, where crashers are kept).

@@ -53,7 +53,7 @@ export GOFLAGS="${GOFLAGS:-} -mod=readonly -trimpath"
 unset GOWORK GOOS GOARCH
 
 build() { # out dir
-	"$go" test -c -ldflags "$(k8s_ldflags "$k8s_version")" -o "$1/e2e.test" k8s.io/kubernetes/test/e2e
+	"$go" test -c -vet=off -ldflags "$(k8s_ldflags "$k8s_version")" -o "$1/e2e.test" k8s.io/kubernetes/test/e2e
 	"$go" build -ldflags "-s -w" -o "$1/ginkgo" github.com/onsi/ginkgo/v2/ginkgo
 }
 

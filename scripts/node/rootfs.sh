@@ -11,11 +11,13 @@
 # rootfs-bookworm-<key>.tar, where the key hashes the suite, the package
 # list and this script, so a change to either builds a new one. Progress
 # goes to stderr; stdout carries only the tarball's path.
+# ROOTFS_PACKAGES replaces the package list (scripts/conformance/images.sh
+# builds the e2e suite's agnhost userland with it).
 set -euo pipefail
 
 suite=${ROOTFS_SUITE:-bookworm}
 mirror=${ROOTFS_MIRROR:-http://deb.debian.org/debian}
-packages=iptables,ipset,ipvsadm,conntrack,iproute2,nginx-light
+packages=${ROOTFS_PACKAGES:-iptables,ipset,ipvsadm,conntrack,iproute2,nginx-light}
 cache=${STEELYARD_CACHE:-$HOME/.cache/steelyard}
 key=$( (echo "$suite $packages"; cat "${BASH_SOURCE[0]}") | sha256sum | cut -c1-12)
 out=$cache/rootfs-$suite-$key.tar

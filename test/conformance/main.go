@@ -16,6 +16,7 @@ package main
 import (
 	"bytes"
 	"context"
+	_ "embed"
 	"errors"
 	"flag"
 	"fmt"
@@ -28,6 +29,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -44,22 +46,26 @@ var proxies = []string{"steelyard-iptables", "steelyard-nftables", "kube-proxy"}
 var extraControllers = []string{"replicationcontroller-controller", "endpoints-controller", "job-controller", "disruption-controller"}
 
 type config struct {
+	imagesDir,
 	e2eDir, skipFile, manifests, out, focus string
-	proxies                                 []string
-	nodes                                   int
-	timeout                                 time.Duration
+	proxies  []string
+	nodes    int
+	timeout  time.Duration
+	parallel bool
 }
 
 func main() {
 	var cfg config
 	var list string
 	flag.StringVar(&cfg.e2eDir, "e2e-dir", "", "directory with e2e.test and ginkgo (scripts/conformance/build.sh)")
+	flag.StringVar(&cfg.imagesDir, "images-dir", "", "directory with agnhost-e2e.tar and coredns.tar (scripts/conformance/images.sh)")
 	flag.StringVar(&cfg.skipFile, "skip-file", "test/conformance/skip.txt", "focus and skip rules")
 	flag.StringVar(&cfg.manifests, "manifests", "manifests", "steelyard's manifests/")
 	flag.StringVar(&cfg.out, "out", "", "results directory (default /tmp/steelyard-conformance-<pid>)")
 	flag.StringVar(&cfg.focus, "focus", "", "regexp replacing skip.txt's focus lines (a narrow run); its skip lines still apply")
 	flag.StringVar(&list, "proxies", strings.Join(proxies, ","), "comma-separated: "+strings.Join(proxies, ", "))
 	flag.IntVar(&cfg.nodes, "nodes", 4, "ginkgo parallel processes")
+	flag.BoolVar(&cfg.parallel, "parallel", false, "run the proxies at the same time, a node each (faster; wall times then include the contention)")
 	flag.DurationVar(&cfg.timeout, "timeout", 90*time.Minute, "ginkgo's timeout per proxy")
 	flag.Parse()
 	if strings.TrimSpace(list) == "" {
@@ -92,8 +98,8 @@ func known(p string) bool {
 }
 
 func run(cfg config) error {
-	if cfg.e2eDir == "" {
-		return errors.New("--e2e-dir is required (scripts/conformance/build.sh prints it)")
+	if cfg.e2eDir == "" || cfg.imagesDir == "" {
+		return errors.New("--e2e-dir and --images-dir are required (scripts/conformance/build.sh and images.sh print them)")
 	}
 	f, err := os.Open(cfg.skipFile)
 	if err != nil {
@@ -131,20 +137,32 @@ func run(cfg config) error {
 	defer sandbox.CloseAll()
 	defer cluster.StopAll()
 
-	var results []result
-	for _, p := range cfg.proxies {
+	results := make([]result, len(cfg.proxies))
+	one := func(i int) {
+		p := cfg.proxies[i]
 		if ctx.Err() != nil {
-			break
+			results[i] = result{proxy: p, err: ctx.Err()}
+			return
 		}
 		r, err := runProxy(ctx, cfg, rules, p, e2e, ginkgo)
 		if err != nil {
 			log.Printf("conformance: %s: %v", p, err)
 			r.err = err
 		}
-		results = append(results, r)
+		results[i] = r
 		// Printed as each run ends too: a later one may be interrupted.
 		log.Printf("conformance: %s: %d passed, %d failed, %d skipped in %v", p, len(r.Passed), len(r.Failed), len(r.Skipped), r.wall.Round(time.Second))
 	}
+	var wg sync.WaitGroup
+	for i := range cfg.proxies {
+		if !cfg.parallel {
+			one(i)
+			continue
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); one(i) }()
+	}
+	wg.Wait()
 	table := render(results, rules, e2e, ginkgo)
 	fmt.Print(table)
 	_ = os.WriteFile(filepath.Join(cfg.out, "table.txt"), []byte(table), 0o644)
@@ -171,7 +189,12 @@ func runProxy(ctx context.Context, cfg config, rules List, proxy, e2e, ginkgo st
 		return r, err
 	}
 	log.Printf("conformance: %s: starting a node", proxy)
-	c, err := cluster.Start(ctx, cluster.Options{Logf: log.Printf, ExtraControllers: extraControllers})
+	c, err := cluster.Start(ctx, cluster.Options{
+		Logf:             log.Printf,
+		ExtraControllers: extraControllers,
+		ExtraImages:      []string{filepath.Join(cfg.imagesDir, "agnhost-e2e.tar"), filepath.Join(cfg.imagesDir, "coredns.tar")},
+		ClusterDNS:       clusterDNS,
+	})
 	if err != nil {
 		return r, err
 	}
@@ -191,6 +214,9 @@ func runProxy(ctx context.Context, cfg config, rules List, proxy, e2e, ginkgo st
 	}
 	if err != nil {
 		return r, fmt.Errorf("installing the proxy: %w", err)
+	}
+	if err := installDNS(ctx, c, dir); err != nil {
+		return r, fmt.Errorf("cluster DNS: %w", err)
 	}
 	runner, err := c.Sandbox.AddClient(netipZero)
 	if err != nil {
@@ -246,6 +272,27 @@ func runProxy(ctx context.Context, cfg config, rules List, proxy, e2e, ginkgo st
 		return r, fmt.Errorf("ginkgo: %v; see %s", runErr, logPath)
 	}
 	return r, nil
+}
+
+// clusterDNS is kube-dns's ClusterIP in coredns.yaml.
+var clusterDNS = netip.MustParseAddr("198.18.0.10")
+
+//go:embed coredns.yaml
+var corednsYAML []byte
+
+// installDNS runs CoreDNS as kube-dns (the Service tests reach Services
+// by name) and waits for it: it answers only once the proxy serves the
+// kubernetes Service, its way to the API server.
+func installDNS(ctx context.Context, c *cluster.Cluster, dir string) error {
+	f := filepath.Join(dir, "coredns.yaml")
+	if err := os.WriteFile(f, corednsYAML, 0o644); err != nil {
+		return err
+	}
+	if _, err := c.Kubectl(ctx, "apply", "-f", f); err != nil {
+		return err
+	}
+	_, err := c.Kubectl(ctx, "-n", "kube-system", "rollout", "status", "deploy/coredns", "--timeout=3m")
+	return err
 }
 
 // nodeKubeconfig writes the admin's kubeconfig with the API server at the
