@@ -10,6 +10,7 @@ import (
 
 // junitSuites is the part of ginkgo's JUnit report the runner reads.
 type junitSuites struct {
+	Time   float64 `xml:"time,attr"`
 	Suites []struct {
 		Cases []struct {
 			Name    string  `xml:"name,attr"`
@@ -38,6 +39,15 @@ type Outcome struct {
 	Skipped map[string]string
 	// Filtered counts the specs the focus and skip rules left out.
 	Filtered int
+	// Interrupted are specs cut short by an interrupt or ginkgo's
+	// --timeout; NotRun counts the selected specs that never started then.
+	Interrupted []string
+	NotRun      int
+	// Unstarted are the specs reported as bare "skipped": filtered out, or
+	// selected but never started (an interrupted run); see CountNotRun.
+	Unstarted []string
+	// Seconds is the suite's duration as ginkgo reports it.
+	Seconds float64
 	// Messages are the failure messages, by name.
 	Messages map[string]string
 }
@@ -55,7 +65,9 @@ func ParseJUnit(r io.Reader) (Outcome, error) {
 		for _, c := range suite.Cases {
 			name := specName(c.Name)
 			switch {
-			case c.Failure != nil || c.Error != nil || c.Status == "failed" || c.Status == "panicked" || c.Status == "timedout" || c.Status == "interrupted" || c.Status == "aborted":
+			case c.Status == "interrupted" || c.Status == "aborted":
+				o.Interrupted = append(o.Interrupted, name)
+			case c.Failure != nil || c.Error != nil || c.Status == "failed" || c.Status == "panicked" || c.Status == "timedout":
 				// Suite-level nodes ([SynchronizedBeforeSuite] and the
 				// like) count as failures too: they fail the run.
 				o.Failed = append(o.Failed, name)
@@ -71,10 +83,13 @@ func ParseJUnit(r io.Reader) (Outcome, error) {
 				if c.Skipped != nil {
 					msg = c.Skipped.Message
 				}
-				if why, ok := strings.CutPrefix(msg, "skipped - "); ok {
+				if why, ok := strings.CutPrefix(msg, "skipped - "); ok && strings.Contains(why, "nterrupt") {
+					o.NotRun++
+				} else if ok {
 					o.Skipped[name] = why
 				} else {
 					o.Filtered++
+					o.Unstarted = append(o.Unstarted, name)
 				}
 			case c.Status == "passed" || c.Status == "":
 				if strings.HasPrefix(c.Name, "[It]") || !strings.HasPrefix(c.Name, "[") {
@@ -83,9 +98,22 @@ func ParseJUnit(r io.Reader) (Outcome, error) {
 			}
 		}
 	}
+	o.Seconds = s.Time
 	sort.Strings(o.Passed)
 	sort.Strings(o.Failed)
 	return o, nil
+}
+
+// CountNotRun moves the specs the rules select but the report shows as
+// never started (ginkgo reports those of an interrupted run as bare
+// "skipped", like the filtered ones) from Filtered to NotRun.
+func (o *Outcome) CountNotRun(l List) {
+	for _, n := range o.Unstarted {
+		if run, _ := l.Selected(n); run {
+			o.NotRun++
+			o.Filtered--
+		}
+	}
 }
 
 // specName strips ginkgo's "[It] " (node type) prefix from a test case's

@@ -67,7 +67,14 @@ func main() {
 	flag.IntVar(&cfg.nodes, "nodes", 4, "ginkgo parallel processes")
 	flag.BoolVar(&cfg.parallel, "parallel", false, "run the proxies at the same time, a node each (faster; wall times then include the contention)")
 	flag.DurationVar(&cfg.timeout, "timeout", 90*time.Minute, "ginkgo's timeout per proxy")
+	report := flag.String("report", "", "print the table of an earlier run's results directory and exit")
 	flag.Parse()
+	if *report != "" {
+		if err := rerender(*report, cfg); err != nil {
+			log.Fatalf("conformance: %v", err)
+		}
+		return
+	}
 	if strings.TrimSpace(list) == "" {
 		list = strings.Join(proxies, ",")
 	}
@@ -130,9 +137,14 @@ func run(cfg config) error {
 
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer cancel()
+	finished := make(chan struct{})
+	defer close(finished)
 	go func() {
-		<-ctx.Done()
-		log.Printf("conformance: interrupted, tearing down")
+		select {
+		case <-ctx.Done():
+			log.Printf("conformance: interrupted, tearing down")
+		case <-finished:
+		}
 	}()
 	defer sandbox.CloseAll()
 	defer cluster.StopAll()
@@ -174,6 +186,45 @@ func run(cfg config) error {
 	return nil
 }
 
+// rerender prints the table of the JUnit reports under dir/<proxy>/.
+func rerender(dir string, cfg config) error {
+	f, err := os.Open(cfg.skipFile)
+	if err != nil {
+		return err
+	}
+	rules, err := ParseList(f)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	var results []result
+	for _, p := range proxies {
+		jf, err := os.Open(filepath.Join(dir, p, "junit.xml"))
+		if err != nil {
+			continue
+		}
+		o, err := ParseJUnit(jf)
+		jf.Close()
+		if err != nil {
+			return err
+		}
+		o.CountNotRun(rules)
+		r := result{Outcome: o, proxy: p, wall: time.Duration(o.Seconds * float64(time.Second))}
+		if b, err := os.ReadFile(filepath.Join(dir, p, "wall.txt")); err == nil {
+			if d, err := time.ParseDuration(strings.TrimSpace(string(b))); err == nil {
+				r.wall = d
+			}
+		}
+		results = append(results, r)
+	}
+	if len(results) == 0 {
+		return fmt.Errorf("no junit.xml under %s/<proxy>/", dir)
+	}
+	e2e, ginkgo := filepath.Join(cfg.e2eDir, "e2e.test"), filepath.Join(cfg.e2eDir, "ginkgo")
+	fmt.Print(render(results, rules, e2e, ginkgo))
+	return nil
+}
+
 // result is one proxy's run.
 type result struct {
 	Outcome
@@ -194,6 +245,9 @@ func runProxy(ctx context.Context, cfg config, rules List, proxy, e2e, ginkgo st
 		ExtraControllers: extraControllers,
 		ExtraImages:      []string{filepath.Join(cfg.imagesDir, "agnhost-e2e.tar"), filepath.Join(cfg.imagesDir, "coredns.tar")},
 		ClusterDNS:       clusterDNS,
+		// steelyard's install-cni chains steelyard-cni, which turns
+		// hairpin mode on; kube-proxy's node gets it from the bridge.
+		BridgeHairpin: proxy == "kube-proxy",
 	})
 	if err != nil {
 		return r, err
@@ -266,9 +320,11 @@ func runProxy(ctx context.Context, cfg config, rules List, proxy, e2e, ginkgo st
 	if r.Outcome, err = ParseJUnit(jf); err != nil {
 		return r, err
 	}
+	r.CountNotRun(rules)
+	_ = os.WriteFile(filepath.Join(dir, "wall.txt"), []byte(r.wall.String()+"\n"), 0o644)
 	// ginkgo exits non-zero when a spec fails: that is a result, not an
 	// error of the harness.
-	if runErr != nil && len(r.Failed) == 0 {
+	if runErr != nil && len(r.Failed) == 0 && len(r.Interrupted) == 0 && r.NotRun == 0 {
 		return r, fmt.Errorf("ginkgo: %v; see %s", runErr, logPath)
 	}
 	return r, nil
@@ -354,13 +410,30 @@ func render(results []result, rules List, e2e, ginkgo string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nKubernetes e2e Service tests, %s, e2e.test %s, ginkgo %s, one node\n", time.Now().UTC().Format("2006-01-02"), version(e2e, "--version"), version(ginkgo, "version"))
 	fmt.Fprintf(&b, "focus: %d rules, skip: %d rules (%s)\n\n", len(rules.Focus), len(rules.Skip), "test/conformance/skip.txt")
-	fmt.Fprintf(&b, "| proxy | passed | failed | skipped | wall time |\n|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| proxy | passed | failed | skipped | not run (time-boxed) | wall time |\n|---|---|---|---|---|---|\n")
 	for _, r := range results {
 		wall := r.wall.Round(time.Second).String()
 		if r.err != nil {
-			wall += " (incomplete: " + firstLine(r.err.Error()) + ")"
+			wall += " (" + firstLine(r.err.Error()) + ")"
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %s |\n", r.proxy, len(r.Passed), len(r.Failed), len(r.Skipped), wall)
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %s |\n", r.proxy, len(r.Passed), len(r.Failed), len(r.Skipped), len(r.Interrupted)+r.NotRun, wall)
+	}
+	why := map[string]int{}
+	for _, r := range results {
+		for _, w := range r.Skipped {
+			why[w]++
+		}
+	}
+	if len(why) > 0 {
+		fmt.Fprintf(&b, "\nskipped by the tests themselves (all proxies):\n")
+		var ws []string
+		for w := range why {
+			ws = append(ws, w)
+		}
+		sort.Strings(ws)
+		for _, w := range ws {
+			fmt.Fprintf(&b, "  %d x %s\n", why[w], w)
+		}
 	}
 	var ref *result
 	for i := range results {

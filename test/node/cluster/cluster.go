@@ -41,6 +41,10 @@ type Options struct {
 	// ClusterDNS, when valid, is the kubelet's clusterDNS (pods resolve
 	// names there, domain cluster.local); the caller runs the DNS server.
 	ClusterDNS netip.Addr
+	// BridgeHairpin sets the bridge plugin's hairpinMode, so a pod reaches
+	// itself through a Service VIP without steelyard-cni (which turns it
+	// on per port): what a node running kube-proxy needs.
+	BridgeHairpin bool
 }
 
 // Cluster is a running one-node cluster. Stop tears it all down.
@@ -311,7 +315,7 @@ func (c *Cluster) prepareNode() error {
 			return err
 		}
 	}
-	if err := os.WriteFile(filepath.Join(c.CNIConfDir, MainConflist), []byte(mainConflist()), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(c.CNIConfDir, MainConflist), []byte(mainConflist(c.opts.BridgeHairpin)), 0o644); err != nil {
 		return err
 	}
 	// The mount point of the node's /etc/cni/net.d.
