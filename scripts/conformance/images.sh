@@ -6,7 +6,8 @@
 #       it: the binary (k8s.io/kubernetes/test/images/agnhost, the same
 #       module as scripts/node/images.sh) on a userland, because the tests
 #       exec `/bin/sh -c "... nc ... curl ..."` in it. Upstream's is Alpine
-#       with bind-tools curl netcat-openbsd iproute2 bash util-linux socat;
+#       with bind-tools curl netcat-openbsd iproute2 bash util-linux socat
+#       (and busybox's wget, which the tests also call);
 #       this one is Debian bookworm (scripts/node/rootfs.sh) with the same.
 #       Imported after the node's bare agnhost, it replaces it.
 #   registry.k8s.io/coredns/coredns:steelyard-conformance   CoreDNS (the
@@ -25,7 +26,7 @@ dir=$cache/images
 go=${GO:-go}
 agnhost_ref=registry.k8s.io/e2e-test-images/agnhost:2.66.1 # = scripts/node/images.sh
 coredns_ref=registry.k8s.io/coredns/coredns:steelyard-conformance
-userland=bash,curl,netcat-openbsd,iproute2,socat,util-linux,dnsutils,iputils-ping,iptables,conntrack
+userland=bash,curl,wget,netcat-openbsd,iproute2,socat,util-linux,dnsutils,iputils-ping,iptables,conntrack
 mkdir -p "$dir"
 tmp=$(mktemp -d "$dir/.build.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
@@ -34,13 +35,18 @@ export CGO_ENABLED=0
 (cd "$node/images" && "$go" build -trimpath -o "$tmp/imagebuild" .)
 
 rootfs=$(ROOTFS_PACKAGES=$userland "$node/rootfs.sh")
-key=$( (basename "$rootfs"; echo "$agnhost_ref"; cat "$node/agnhost/go.mod") | sha256sum | cut -c1-12)
+key=$( (basename "$rootfs"; echo "$agnhost_ref porter-certs"; cat "$node/agnhost/go.mod") | sha256sum | cut -c1-12)
 agnhost=$dir/agnhost-e2e-$key.tar
 if [[ ! -s $agnhost ]]; then
 	t0=$SECONDS
 	(cd "$node/agnhost" && "$go" build -trimpath -ldflags "-s -w" -o "$tmp/agnhost" k8s.io/kubernetes/test/images/agnhost)
+	# porter's TLS ports read localhost.crt/.key from the working
+	# directory (/), as upstream's Dockerfile adds them.
+	src=$(cd "$node/agnhost" && "$go" list -mod=readonly -f '{{.Dir}}' k8s.io/kubernetes/test/images/agnhost/porter)
 	"$tmp/imagebuild" --name "$agnhost_ref" --out "$agnhost" --layer "$rootfs" \
-		--file "$tmp/agnhost:/agnhost:0755" --entrypoint /agnhost --cmd pause
+		--file "$tmp/agnhost:/agnhost:0755" --file "$src/localhost.crt:/localhost.crt:0644" \
+		--file "$src/localhost.key:/localhost.key:0644" --entrypoint /agnhost --cmd pause
+	ls -t "$dir"/agnhost-e2e-*.tar 2>/dev/null | tail -n +3 | xargs -r rm -f # older keys are garbage
 	echo "conformance images: agnhost with a userland built in $((SECONDS - t0)) s" >&2
 fi
 
