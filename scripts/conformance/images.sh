@@ -10,13 +10,16 @@
 #       (and busybox's wget, which the tests also call);
 #       this one is Debian bookworm (scripts/node/rootfs.sh) with the same.
 #       Imported after the node's bare agnhost, it replaces it.
+#   registry.k8s.io/e2e-test-images/busybox:1.37.0-2   the same userland
+#       alone (a few Service tests run their client in busybox: sh, env).
 #   registry.k8s.io/coredns/coredns:steelyard-conformance   CoreDNS (the
 #       version scripts/conformance/coredns/go.mod requires) as kube-dns.
 #
 #   scripts/conformance/images.sh   build what is missing, print the dir
 #
 # Cached under $STEELYARD_CACHE/images with keys in the names. Progress goes
-# to stderr; stdout carries only the directory (agnhost-e2e.tar, coredns.tar).
+# to stderr; stdout carries only the directory (agnhost-e2e.tar,
+# busybox.tar, coredns.tar).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -26,6 +29,7 @@ dir=$cache/images
 go=${GO:-go}
 agnhost_ref=registry.k8s.io/e2e-test-images/agnhost:2.66.1 # = scripts/node/images.sh
 coredns_ref=registry.k8s.io/coredns/coredns:steelyard-conformance
+busybox_ref=registry.k8s.io/e2e-test-images/busybox:1.37.0-2 # e2e.test --list-images
 userland=bash,curl,wget,netcat-openbsd,iproute2,socat,util-linux,dnsutils,iputils-ping,iptables,conntrack
 mkdir -p "$dir"
 tmp=$(mktemp -d "$dir/.build.XXXXXX")
@@ -50,6 +54,13 @@ if [[ ! -s $agnhost ]]; then
 	echo "conformance images: agnhost with a userland built in $((SECONDS - t0)) s" >&2
 fi
 
+busybox=$dir/busybox-e2e-$(basename "$rootfs" .tar | sed 's/^rootfs-//').tar
+if [[ ! -s $busybox ]]; then
+	"$tmp/imagebuild" --name "$busybox_ref" --out "$busybox" --layer "$rootfs" --cmd sh
+	ls -t "$dir"/busybox-e2e-*.tar 2>/dev/null | tail -n +3 | xargs -r rm -f
+	echo "conformance images: busybox (the userland) built" >&2
+fi
+
 version=$(awk '$1 == "require" && $2 == "github.com/coredns/coredns" { print $3 }' "$here/coredns/go.mod")
 key=$( (echo "$version"; cat "$here/coredns/main.go" "$here/coredns/go.sum"; "$go" version) | sha256sum | cut -c1-12)
 coredns=$dir/coredns-$version-$key.tar
@@ -62,4 +73,5 @@ if [[ ! -s $coredns ]]; then
 fi
 ln -sfn "$(basename "$agnhost")" "$dir/agnhost-e2e.tar"
 ln -sfn "$(basename "$coredns")" "$dir/coredns.tar"
+ln -sfn "$(basename "$busybox")" "$dir/busybox.tar"
 echo "$dir"

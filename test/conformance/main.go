@@ -243,7 +243,7 @@ func runProxy(ctx context.Context, cfg config, rules List, proxy, e2e, ginkgo st
 	c, err := cluster.Start(ctx, cluster.Options{
 		Logf:             log.Printf,
 		ExtraControllers: extraControllers,
-		ExtraImages:      []string{filepath.Join(cfg.imagesDir, "agnhost-e2e.tar"), filepath.Join(cfg.imagesDir, "coredns.tar")},
+		ExtraImages:      []string{filepath.Join(cfg.imagesDir, "agnhost-e2e.tar"), filepath.Join(cfg.imagesDir, "busybox.tar"), filepath.Join(cfg.imagesDir, "coredns.tar")},
 		ClusterDNS:       clusterDNS,
 		// steelyard's install-cni chains steelyard-cni, which turns
 		// hairpin mode on; kube-proxy's node gets it from the bridge.
@@ -330,6 +330,9 @@ func runProxy(ctx context.Context, cfg config, rules List, proxy, e2e, ginkgo st
 	return r, nil
 }
 
+// busyboxImage is the busybox scripts/conformance/images.sh builds.
+const busyboxImage = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2"
+
 // clusterDNS is kube-dns's ClusterIP in coredns.yaml.
 var clusterDNS = netip.MustParseAddr("198.18.0.10")
 
@@ -381,15 +384,15 @@ func saveLogs(ctx context.Context, c *cluster.Cluster, dir string) {
 }
 
 // checkImages lists the images e2e.test wants and checks that the node
-// has the ones the Service tests use (pause and agnhost at the versions
-// e2e.test names); the others are reported, not built: a test that needs
+// has the ones the Service tests use (pause, agnhost and busybox at the
+// versions e2e.test names); the others are reported, not built: a test that needs
 // one fails with an image pull error, which the table shows.
 func checkImages(e2e string) error {
 	out, err := exec.Command(e2e, "--list-images").Output()
 	if err != nil {
 		return fmt.Errorf("%s --list-images: %w", e2e, err)
 	}
-	want := map[string]bool{cluster.AgnhostImage: false, cluster.PauseImage: false}
+	want := map[string]bool{cluster.AgnhostImage: false, cluster.PauseImage: false, busyboxImage: false}
 	n := 0
 	for _, l := range strings.Fields(string(out)) {
 		n++
@@ -402,7 +405,7 @@ func checkImages(e2e string) error {
 			return fmt.Errorf("e2e.test --list-images does not name %s: the node's images (scripts/node/images.sh) and e2e.test disagree on versions", img)
 		}
 	}
-	log.Printf("conformance: e2e.test lists %d images; the node imports %s and %s (the Service tests' servers and sandboxes)", n, cluster.AgnhostImage, cluster.PauseImage)
+	log.Printf("conformance: e2e.test lists %d images; the node imports %s, %s and %s (what the Service tests run)", n, cluster.AgnhostImage, busyboxImage, cluster.PauseImage)
 	return nil
 }
 
