@@ -16,10 +16,11 @@ RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.buildVersion=${VERS
 
 FROM debian:bookworm-slim
 # iptables brings both flavours (nft and legacy): steelyard detects the one
-# the node uses; nft for --mode nftables. ipset and ipvsadm for the IPVS dataplane, conntrack for
-# flow cleanup and debugging, nginx for the L7 layer.
+# the node uses. ipset and ipvsadm for the IPVS dataplane, conntrack for
+# flow cleanup and debugging, nft for the nftables dataplane (it drives
+# nft -f), nginx for the L7 layer.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends iptables nftables ipset ipvsadm conntrack iproute2 nginx-light \
+ && apt-get install -y --no-install-recommends iptables ipset ipvsadm conntrack iproute2 nftables nginx-light \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/steelyard /usr/local/bin/steelyard
 # The chained CNI plugin; `steelyard install-cni` (the DaemonSet's init

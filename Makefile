@@ -22,6 +22,7 @@ endif
 .PHONY: gateway
 .PHONY: docs-check
 .PHONY: node node-deps cluster-up cluster-down bench-node
+.PHONY: conformance
 
 all: build
 
@@ -154,6 +155,19 @@ cluster-up: node-deps
 cluster-down:
 	$(GO) build -o bin/steelyard-cluster ./test/node/clusterctl
 	$(ROOT) bin/steelyard-cluster down
+
+# Kubernetes' own e2e Service tests (e2e.test and ginkgo v1.37.2, built from
+# source and cached) on the real node, once per proxy: steelyard iptables,
+# steelyard nftables, kube-proxy iptables (the reference); one table.
+# Not part of test (tens of minutes). PROXIES=kube-proxy,... picks some,
+# FOCUS=regexp narrows the run, NODES sets ginkgo's parallelism, PARALLEL=1
+# runs the proxies at once, a node each
+# (docs/conformance.md; focus and skip rules in test/conformance/skip.txt).
+conformance: node-deps
+	$(GO) build -o bin/steelyard-conformance ./test/conformance
+	e2e=$$(scripts/conformance/build.sh) && images=$$($(ROOT) scripts/conformance/images.sh) && \
+	$(ROOT) env $(NODE_ENV) bin/steelyard-conformance --e2e-dir "$$e2e" --images-dir "$$images" \
+	  --proxies "$(PROXIES)" --focus "$(FOCUS)" --nodes "$(or $(NODES),4)" $(if $(PARALLEL),--parallel)
 
 # Every fuzz target for FUZZTIME each (plain go test runs their seed
 # corpora: the f.Add seeds and testdata/fuzz/, where crashers are kept).

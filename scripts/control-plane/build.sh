@@ -43,18 +43,17 @@ done
 
 log() { echo "control-plane: $*" >&2; }
 
-# The versions are the ones the wrapper modules require, so go.mod stays
-# the single place to change them.
-required() { # module dir
-	awk -v m="$1" '($1 == "require" && $2 == m) { print $3 } ($1 == m && $2 ~ /^v/) { print $2 }' "$2/go.mod" | head -n1
-}
+# The helpers (required, reports, k8s_ldflags, build_into) are shared with
+# scripts/conformance/build.sh. The versions are the ones the wrapper
+# modules require, so go.mod stays the single place to change them.
+# shellcheck source=lib.sh
+. "$here/lib.sh"
 k8s_version=$(required k8s.io/kubernetes "$here/k8s")
 etcd_version=$(required go.etcd.io/etcd/server/v3 "$here/etcd")
 [[ $k8s_version =~ ^v([0-9]+)\.([0-9]+)\.[0-9]+$ ]] || {
 	echo "build.sh: cannot read the k8s.io/kubernetes version from $here/k8s/go.mod" >&2
 	exit 1
 }
-k8s_major=${BASH_REMATCH[1]} k8s_minor=${BASH_REMATCH[2]}
 [[ $etcd_version =~ ^v3\.[0-9]+\.[0-9]+$ ]] || {
 	echo "build.sh: cannot read the etcd version from $here/etcd/go.mod" >&2
 	exit 1
@@ -62,15 +61,6 @@ k8s_major=${BASH_REMATCH[1]} k8s_minor=${BASH_REMATCH[2]}
 
 k8s_bin=$cache/k8s-$k8s_version
 etcd_bin=$cache/etcd-$etcd_version
-
-# reports <binary> <version> <args...>: the binary runs and prints the version.
-reports() {
-	local bin=$1 want=$2 out
-	shift 2
-	[[ -x $bin ]] || return 1
-	out=$("$bin" "$@" 2>&1) || return 1
-	[[ $out == *"$want"* ]]
-}
 
 k8s_ok() {
 	reports "$k8s_bin/kube-apiserver" "$k8s_version" --version &&
@@ -91,29 +81,18 @@ export CGO_ENABLED=0
 export GOFLAGS="${GOFLAGS:-} -mod=readonly -trimpath"
 unset GOWORK GOOS GOARCH
 
-# build_into <final dir> <module dir> <ldflags> <output name> <packages...>:
-# builds into a temporary directory beside the final one and renames it
-# into place, so an interrupted build never leaves a half-written cache
-# behind. With an empty output name each binary is named after its package.
-build_into() {
-	local dest=$1 mod=$2 ldflags=$3 out=$4
-	shift 4
-	mkdir -p "$cache"
-	local tmp
-	tmp=$(mktemp -d "$dest.tmp.XXXXXX")
-	chmod 755 "$tmp" # mktemp makes it 0700; others (sudo, CI users) read the cache
-	# shellcheck disable=SC2064 # expand $tmp now
-	trap "rm -rf '$tmp'" EXIT
-	(cd "$mod" && "$go" build -ldflags "$ldflags" -o "$tmp/$out" "$@")
-	rm -rf "$dest"
-	mv "$tmp" "$dest"
-	trap - EXIT
+# go_build <out dir> <ldflags> <output name> <packages...>: with an empty
+# output name each binary is named after its package.
+go_build() {
+	local out=$1 ldflags=$2 name=$3
+	shift 3
+	"$go" build -ldflags "$ldflags" -o "$out/$name" "$@"
 }
 
 if $force || ! etcd_ok; then
 	log "building etcd $etcd_version into $etcd_bin (cold: about 1 min)"
 	start=$SECONDS
-	build_into "$etcd_bin" "$here/etcd" "-s -w" etcd go.etcd.io/etcd/server/v3
+	build_into "$etcd_bin" "$here/etcd" go_build "-s -w" etcd go.etcd.io/etcd/server/v3
 	etcd_ok || {
 		echo "build.sh: $etcd_bin/etcd does not report $etcd_version" >&2
 		exit 1
@@ -124,9 +103,7 @@ fi
 if $force || ! k8s_ok; then
 	log "building kube-apiserver, kubectl, kube-proxy, kube-controller-manager, kube-scheduler, kubelet $k8s_version into $k8s_bin (cold: about 8-10 min)"
 	start=$SECONDS
-	v=k8s.io/component-base/version
-	build_into "$k8s_bin" "$here/k8s" \
-		"-s -w -X $v.gitVersion=$k8s_version -X $v.gitMajor=$k8s_major -X $v.gitMinor=$k8s_minor -X $v.gitTreeState=clean" "" \
+	build_into "$k8s_bin" "$here/k8s" go_build "$(k8s_ldflags "$k8s_version")" "" \
 		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kube-proxy \
 		k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet
 	k8s_ok || {

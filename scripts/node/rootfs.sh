@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build (once) and cache the root filesystem of the steelyard image: the
-# Dockerfile's runtime stage, Debian bookworm (minbase) with iptables, nftables, ipset,
-# ipvsadm, conntrack, iproute2 and nginx-light, made by debootstrap from the
+# Dockerfile's runtime stage, Debian bookworm (minbase) with iptables, ipset,
+# ipvsadm, conntrack, iproute2, nftables and nginx-light, made by debootstrap from the
 # machine's Debian mirror (no registry, no base image download).
 #
 #   scripts/node/rootfs.sh           build if needed, print the rootfs tarball
@@ -11,11 +11,13 @@
 # rootfs-bookworm-<key>.tar, where the key hashes the suite, the package
 # list and this script, so a change to either builds a new one. Progress
 # goes to stderr; stdout carries only the tarball's path.
+# ROOTFS_PACKAGES replaces the package list (scripts/conformance/images.sh
+# builds the e2e suite's agnhost userland with it).
 set -euo pipefail
 
 suite=${ROOTFS_SUITE:-bookworm}
 mirror=${ROOTFS_MIRROR:-http://deb.debian.org/debian}
-packages=iptables,nftables,ipset,ipvsadm,conntrack,iproute2,nginx-light
+packages=${ROOTFS_PACKAGES:-iptables,ipset,ipvsadm,conntrack,iproute2,nftables,nginx-light}
 cache=${STEELYARD_CACHE:-$HOME/.cache/steelyard}
 key=$( (echo "$suite $packages"; cat "${BASH_SOURCE[0]}") | sha256sum | cut -c1-12)
 out=$cache/rootfs-$suite-$key.tar

@@ -82,7 +82,7 @@ func manifestsDir() string {
 // install installs steelyard from manifests/ as the README says
 // (cluster.Install).
 func install(ctx context.Context) error {
-	return node.Install(ctx, []string{manifestsDir()})
+	return node.Install(ctx, []string{manifestsDir()}, nil)
 }
 
 // kubectl runs kubectl as the admin, failing the test on error.

@@ -145,6 +145,32 @@ func TestDaemonSetInstalled(t *testing.T) {
 	}
 }
 
+// The image carries the tools of every --mode, not only the one this
+// suite runs: the conformance run (make conformance) found the nftables
+// mode crash-looping on "could not find nftables binary" because the
+// image had no nft.
+func TestImageHasEveryModesTools(t *testing.T) {
+	// ipvsadm --version needs IPVS in the kernel (not here): presence only.
+	for _, argv := range [][]string{
+		{"iptables", "--version"}, {"ipset", "--version"}, {"sh", "-c", "command -v ipvsadm"},
+		{"nft", "--version"}, {"conntrack", "--version"},
+	} {
+		out, err := inSteelyard(t, argv...)
+		if err != nil {
+			t.Errorf("%s in the steelyard image: %v", strings.Join(argv, " "), err)
+			continue
+		}
+		t.Logf("%s", strings.TrimSpace(firstLineOf(out)))
+	}
+}
+
+func firstLineOf(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
 func lastLineWith(s, sub string) string {
 	lines := strings.Split(s, "\n")
 	for i := len(lines) - 1; i >= 0; i-- {

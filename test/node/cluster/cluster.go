@@ -34,6 +34,19 @@ type Options struct {
 	Logf func(format string, args ...any)
 	// ReadyTimeout bounds the wait for the Node to be Ready (default 3m).
 	ReadyTimeout time.Duration
+	// ExtraControllers are kube-controller-manager controllers to run
+	// besides Controllers (the conformance suite needs a few more).
+	ExtraControllers []string
+	// ExtraImages are docker-archive tarballs imported after the node's
+	// own (an image of the same name replaces the node's).
+	ExtraImages []string
+	// ClusterDNS, when valid, is the kubelet's clusterDNS (pods resolve
+	// names there, domain cluster.local); the caller runs the DNS server.
+	ClusterDNS netip.Addr
+	// BridgeHairpin sets the bridge plugin's hairpinMode, so a pod reaches
+	// itself through a Service VIP without steelyard-cni (which turns it
+	// on per port): what a node running kube-proxy needs.
+	BridgeHairpin bool
 }
 
 // Cluster is a running one-node cluster. Stop tears it all down.
@@ -240,7 +253,7 @@ func (c *Cluster) startControllers() error {
 	kcm, err := controlplane.StartComponent("kube-controller-manager", c.Binaries.KubeControllerManager, []string{
 		"--kubeconfig=" + c.CP.Kubeconfig,
 		"--leader-elect=false",
-		controllersFlag(),
+		controllersFlag(c.opts.ExtraControllers...),
 		"--service-account-private-key-file=" + c.CP.ServiceAccountKeyFile(),
 		"--root-ca-file=" + c.CP.CAFile,
 		"--use-service-account-credentials=false",
@@ -304,7 +317,7 @@ func (c *Cluster) prepareNode() error {
 			return err
 		}
 	}
-	if err := os.WriteFile(filepath.Join(c.CNIConfDir, MainConflist), []byte(mainConflist()), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(c.CNIConfDir, MainConflist), []byte(mainConflist(c.opts.BridgeHairpin)), 0o644); err != nil {
 		return err
 	}
 	// The mount point of the node's /etc/cni/net.d.
@@ -403,12 +416,13 @@ func (c *Cluster) ctr(ctx context.Context, args ...string) error {
 // importImages imports every image tarball.
 func (c *Cluster) importImages(ctx context.Context) error {
 	t0 := time.Now()
-	for _, img := range c.Binaries.Images {
+	images := append(append([]string(nil), c.Binaries.Images...), c.opts.ExtraImages...)
+	for _, img := range images {
 		if err := c.ImportImage(ctx, img); err != nil {
 			return err
 		}
 	}
-	c.logf("cluster: %d images imported in %v", len(c.Binaries.Images), time.Since(t0).Round(time.Millisecond))
+	c.logf("cluster: %d images imported in %v", len(images), time.Since(t0).Round(time.Millisecond))
 	return nil
 }
 
@@ -427,7 +441,11 @@ func (c *Cluster) startKubelet() error {
 		return err
 	}
 	cfg := filepath.Join(c.Dir, "kubelet.yaml")
-	if err := os.WriteFile(cfg, []byte(kubeletConfig("/"+c.cgroup, c.ContainerdSock, resolv, "/var/log/pods", c.NodeIP)), 0o644); err != nil {
+	doc := kubeletConfig("/"+c.cgroup, c.ContainerdSock, resolv, "/var/log/pods", c.NodeIP)
+	if c.opts.ClusterDNS.IsValid() {
+		doc += fmt.Sprintf("clusterDNS: [%q]\nclusterDomain: cluster.local\n", c.opts.ClusterDNS)
+	}
+	if err := os.WriteFile(cfg, []byte(doc), 0o644); err != nil {
 		return err
 	}
 	p, err := controlplane.StartComponent("kubelet", "nsenter", c.inNode(

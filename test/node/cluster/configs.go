@@ -33,7 +33,7 @@ const BridgeName = "cni0"
 // install-cni chains steelyard-cni into it.
 const MainConflist = "10-bridge.conflist"
 
-func mainConflist() string {
+func mainConflist(hairpin bool) string {
 	return fmt.Sprintf(`{
   "cniVersion": "1.0.0",
   "name": "k8s-pod-network",
@@ -43,6 +43,7 @@ func mainConflist() string {
       "bridge": %q,
       "isGateway": true,
       "ipMasq": false,
+      "hairpinMode": %t,
       "ipam": {
         "type": "host-local",
         "ranges": [[{"subnet": %q, "gateway": %q}]],
@@ -52,7 +53,7 @@ func mainConflist() string {
     {"type": "portmap", "capabilities": {"portMappings": true}}
   ]
 }
-`, BridgeName, PodCIDR.String(), PodGateway.String())
+`, BridgeName, hairpin, PodCIDR.String(), PodGateway.String())
 }
 
 // containerdConfig is containerd's config.toml (version 3, containerd 2.x):
@@ -194,4 +195,6 @@ var Controllers = []string{
 	"node-lifecycle-controller",
 }
 
-func controllersFlag() string { return "--controllers=" + strings.Join(Controllers, ",") }
+func controllersFlag(extra ...string) string {
+	return "--controllers=" + strings.Join(append(append([]string(nil), Controllers...), extra...), ",")
+}

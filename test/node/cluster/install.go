@@ -4,16 +4,31 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/steelyard-net/steelyard/test/controlplane"
 )
 
 // Install does what the README's "Try it on a real node" says: apply
-// manifests/ (and any further folders, e.g. manifests/ingress/), give the
-// agent the API server's address (the kubernetes Service's VIP needs
-// steelyard itself), set the pod CIDR, append agentArgs to the agent's
+// each of dirs (manifests/, and further folders such as manifests/ingress/),
+// give the agent the API server's address (the kubernetes Service's VIP
+// needs steelyard itself), set the pod CIDR and the extra keys of config
+// (steelyard-config, for example MODE), append agentArgs to the agent's
 // arguments (the documented opt-ins such as --ingress), roll the DaemonSet
 // and wait for it.
-func (c *Cluster) Install(ctx context.Context, dirs []string, agentArgs ...string) error {
-	steps := [][]string{}
+func (c *Cluster) Install(ctx context.Context, dirs []string, config map[string]string, agentArgs ...string) error {
+	data := map[string]string{"CLUSTER_CIDR": PodCIDR.String()}
+	for k, v := range config {
+		data[k] = v
+	}
+	patch, err := json.Marshal(map[string]map[string]string{"data": data})
+	if err != nil {
+		return err
+	}
+	var steps [][]string
 	for _, d := range dirs {
 		steps = append(steps, []string{"apply", "-f", d})
 	}
@@ -21,8 +36,7 @@ func (c *Cluster) Install(ctx context.Context, dirs []string, agentArgs ...strin
 		[]string{"-n", "steelyard", "create", "configmap", "steelyard-apiserver",
 			"--from-literal=KUBERNETES_SERVICE_HOST=" + c.NodeIP.String(),
 			fmt.Sprintf("--from-literal=KUBERNETES_SERVICE_PORT=%d", c.APIPort)},
-		[]string{"-n", "steelyard", "patch", "configmap", "steelyard-config", "--type=merge",
-			"-p", `{"data":{"CLUSTER_CIDR":"` + PodCIDR.String() + `"}}`},
+		[]string{"-n", "steelyard", "patch", "configmap", "steelyard-config", "--type=merge", "-p", string(patch)},
 	)
 	if len(agentArgs) > 0 {
 		steps = append(steps, AddAgentArgs(agentArgs...))
@@ -54,4 +68,61 @@ func AddAgentArgs(args ...string) []string {
 	}
 	b, _ := json.Marshal(ops)
 	return []string{"-n", "steelyard", "patch", "ds", "steelyard", "--type=json", "-p", string(b)}
+}
+
+// KubeProxyHealthz is where StartKubeProxy's kube-proxy serves /healthz
+// (its default, 0.0.0.0:10256 inside the node namespace).
+const KubeProxyHealthz = "0.0.0.0:10256"
+
+// StartKubeProxy runs the kube-proxy of the control-plane cache as a
+// process in the node's network and mount namespaces (like kubelet, so
+// its rules, sysctls and xtables lock are the node's), in mode ("iptables"
+// or "nftables"), and waits for its /healthz. The conntrack settings are
+// zero: kube-proxy then leaves nf_conntrack_max and the hashsize (host-wide
+// values) alone. Stop ends it with the node.
+func (c *Cluster) StartKubeProxy(ctx context.Context, mode string) error {
+	cfg := filepath.Join(c.Dir, "kube-proxy.yaml")
+	doc := fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection:
+  kubeconfig: %q
+hostnameOverride: %q
+mode: %q
+clusterCIDR: %q
+healthzBindAddress: %q
+metricsBindAddress: 127.0.0.1:10249
+conntrack:
+  maxPerCore: 0
+  min: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
+`, c.CP.Kubeconfig, c.NodeName, mode, PodCIDR.String(), KubeProxyHealthz)
+	if err := os.WriteFile(cfg, []byte(doc), 0o644); err != nil {
+		return err
+	}
+	kp := filepath.Join(filepath.Dir(c.Binaries.KubeControllerManager), "kube-proxy")
+	p, err := controlplane.StartComponent("kube-proxy", "nsenter", c.inNode(kp, "--config="+cfg, "--v=1"),
+		filepath.Join(c.Dir, "kube-proxy.log"))
+	if err != nil {
+		return err
+	}
+	c.add(p)
+	if err := joinCgroup(c.cgroup+"/runtime", p.Pid()); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		code, _, err := c.Sandbox.Node.HTTPGet("http://127.0.0.1:10256/healthz", 2*time.Second)
+		if err == nil && code == http.StatusOK {
+			c.logf("cluster: kube-proxy (%s mode) healthy", mode)
+			return nil
+		}
+		if !p.Running() {
+			return fmt.Errorf("kube-proxy exited: %v\n%s", p.ExitError(), p.Tail(30))
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("kube-proxy not healthy after 1m (last: %d %v)\n%s", code, err, p.Tail(30))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }

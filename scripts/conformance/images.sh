@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Build (or reuse) the two images the conformance run adds to the node
+# (docker-archive tarballs for `ctr images import`, no registry):
+#
+#   registry.k8s.io/e2e-test-images/agnhost:2.66.1   agnhost as upstream ships
+#       it: the binary (k8s.io/kubernetes/test/images/agnhost, the same
+#       module as scripts/node/images.sh) on a userland, because the tests
+#       exec `/bin/sh -c "... nc ... curl ..."` in it. Upstream's is Alpine
+#       with bind-tools curl netcat-openbsd iproute2 bash util-linux socat
+#       (and busybox's wget, which the tests also call);
+#       this one is Debian bookworm (scripts/node/rootfs.sh) with the same.
+#       Imported after the node's bare agnhost, it replaces it.
+#   registry.k8s.io/e2e-test-images/busybox:1.37.0-2   the same userland
+#       alone (a few Service tests run their client in busybox: sh, env).
+#   registry.k8s.io/coredns/coredns:steelyard-conformance   CoreDNS (the
+#       version scripts/conformance/coredns/go.mod requires) as kube-dns.
+#
+#   scripts/conformance/images.sh   build what is missing, print the dir
+#
+# Cached under $STEELYARD_CACHE/images with keys in the names. Progress goes
+# to stderr; stdout carries only the directory (agnhost-e2e.tar,
+# busybox.tar, coredns.tar).
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+node=$here/../node
+cache=${STEELYARD_CACHE:-$HOME/.cache/steelyard}
+dir=$cache/images
+go=${GO:-go}
+agnhost_ref=registry.k8s.io/e2e-test-images/agnhost:2.66.1 # = scripts/node/images.sh
+coredns_ref=registry.k8s.io/coredns/coredns:steelyard-conformance
+busybox_ref=registry.k8s.io/e2e-test-images/busybox:1.37.0-2 # e2e.test --list-images
+userland=bash,curl,wget,netcat-openbsd,iproute2,socat,util-linux,dnsutils,iputils-ping,iptables,conntrack
+mkdir -p "$dir"
+tmp=$(mktemp -d "$dir/.build.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+export CGO_ENABLED=0
+
+(cd "$node/images" && "$go" build -trimpath -o "$tmp/imagebuild" .)
+
+rootfs=$(ROOTFS_PACKAGES=$userland "$node/rootfs.sh")
+key=$( (basename "$rootfs"; echo "$agnhost_ref porter-certs"; cat "$node/agnhost/go.mod") | sha256sum | cut -c1-12)
+agnhost=$dir/agnhost-e2e-$key.tar
+if [[ ! -s $agnhost ]]; then
+	t0=$SECONDS
+	(cd "$node/agnhost" && "$go" build -trimpath -ldflags "-s -w" -o "$tmp/agnhost" k8s.io/kubernetes/test/images/agnhost)
+	# porter's TLS ports read localhost.crt/.key from the working
+	# directory (/), as upstream's Dockerfile adds them.
+	src=$(cd "$node/agnhost" && "$go" list -mod=readonly -f '{{.Dir}}' k8s.io/kubernetes/test/images/agnhost/porter)
+	"$tmp/imagebuild" --name "$agnhost_ref" --out "$agnhost" --layer "$rootfs" \
+		--file "$tmp/agnhost:/agnhost:0755" --file "$src/localhost.crt:/localhost.crt:0644" \
+		--file "$src/localhost.key:/localhost.key:0644" --entrypoint /agnhost --cmd pause
+	ls -t "$dir"/agnhost-e2e-*.tar 2>/dev/null | tail -n +3 | xargs -r rm -f # older keys are garbage
+	echo "conformance images: agnhost with a userland built in $((SECONDS - t0)) s" >&2
+fi
+
+busybox=$dir/busybox-e2e-$(basename "$rootfs" .tar | sed 's/^rootfs-//').tar
+if [[ ! -s $busybox ]]; then
+	"$tmp/imagebuild" --name "$busybox_ref" --out "$busybox" --layer "$rootfs" --cmd sh
+	ls -t "$dir"/busybox-e2e-*.tar 2>/dev/null | tail -n +3 | xargs -r rm -f
+	echo "conformance images: busybox (the userland) built" >&2
+fi
+
+version=$(awk '$1 == "require" && $2 == "github.com/coredns/coredns" { print $3 }' "$here/coredns/go.mod")
+key=$( (echo "$version"; cat "$here/coredns/main.go" "$here/coredns/go.sum"; "$go" version) | sha256sum | cut -c1-12)
+coredns=$dir/coredns-$version-$key.tar
+if [[ ! -s $coredns ]]; then
+	t0=$SECONDS
+	(cd "$here/coredns" && "$go" build -mod=readonly -trimpath -ldflags "-s -w" -o "$tmp/coredns" .)
+	"$tmp/imagebuild" --name "$coredns_ref" --out "$coredns" \
+		--file "$tmp/coredns:/coredns:0755" --entrypoint /coredns
+	echo "conformance images: coredns $version built in $((SECONDS - t0)) s" >&2
+fi
+ln -sfn "$(basename "$agnhost")" "$dir/agnhost-e2e.tar"
+ln -sfn "$(basename "$coredns")" "$dir/coredns.tar"
+ln -sfn "$(basename "$busybox")" "$dir/busybox.tar"
+echo "$dir"

@@ -1,0 +1,497 @@
+// Command conformance runs Kubernetes' own e2e Service tests (e2e.test
+// v1.37.2 through ginkgo) on the real node of test/node/cluster, once per
+// proxy, and prints one table (`make conformance`, docs/conformance.md):
+//
+//	steelyard-iptables   steelyard from manifests/, MODE=iptables
+//	steelyard-nftables   steelyard from manifests/, MODE=nftables
+//	kube-proxy           kube-proxy v1.37.2, iptables mode, a process in the
+//	                     node's namespaces (the reference)
+//
+// Each proxy gets a fresh node. The suite runs in a client namespace on
+// the node's LAN ("outside the node", like the host of a kind cluster),
+// with --provider=local and a kubeconfig for the API server's address on
+// the node. Focus and skip come from skip.txt, one reason per rule.
+package main
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/steelyard-net/steelyard/test/node/cluster"
+	"github.com/steelyard-net/steelyard/test/sandbox"
+)
+
+// proxies are the dataplanes the runner knows, in table order.
+var proxies = []string{"steelyard-iptables", "steelyard-nftables", "kube-proxy"}
+
+// extraControllers are the kube-controller-manager controllers the suite
+// needs beyond the node's own set: the Service tests create their
+// backends as ReplicationControllers and Jobs and read Endpoints.
+var extraControllers = []string{"replicationcontroller-controller", "endpoints-controller", "job-controller", "disruption-controller"}
+
+type config struct {
+	imagesDir,
+	e2eDir, skipFile, manifests, out, focus string
+	proxies  []string
+	nodes    int
+	timeout  time.Duration
+	parallel bool
+}
+
+func main() {
+	var cfg config
+	var list string
+	flag.StringVar(&cfg.e2eDir, "e2e-dir", "", "directory with e2e.test and ginkgo (scripts/conformance/build.sh)")
+	flag.StringVar(&cfg.imagesDir, "images-dir", "", "directory with agnhost-e2e.tar and coredns.tar (scripts/conformance/images.sh)")
+	flag.StringVar(&cfg.skipFile, "skip-file", "test/conformance/skip.txt", "focus and skip rules")
+	flag.StringVar(&cfg.manifests, "manifests", "manifests", "steelyard's manifests/")
+	flag.StringVar(&cfg.out, "out", "", "results directory (default /tmp/steelyard-conformance-<pid>)")
+	flag.StringVar(&cfg.focus, "focus", "", "regexp replacing skip.txt's focus lines (a narrow run); its skip lines still apply")
+	flag.StringVar(&list, "proxies", strings.Join(proxies, ","), "comma-separated: "+strings.Join(proxies, ", "))
+	flag.IntVar(&cfg.nodes, "nodes", 4, "ginkgo parallel processes")
+	flag.BoolVar(&cfg.parallel, "parallel", false, "run the proxies at the same time, a node each (faster; wall times then include the contention)")
+	flag.DurationVar(&cfg.timeout, "timeout", 90*time.Minute, "ginkgo's timeout per proxy")
+	report := flag.String("report", "", "print the table of an earlier run's results directory and exit")
+	flag.Parse()
+	if *report != "" {
+		if err := rerender(*report, cfg); err != nil {
+			log.Fatalf("conformance: %v", err)
+		}
+		return
+	}
+	if strings.TrimSpace(list) == "" {
+		list = strings.Join(proxies, ",")
+	}
+	for _, p := range strings.Split(list, ",") {
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
+		if !known(p) {
+			log.Fatalf("conformance: unknown proxy %q (want %s)", p, strings.Join(proxies, ", "))
+		}
+		cfg.proxies = append(cfg.proxies, p)
+	}
+	if cfg.out == "" {
+		cfg.out = fmt.Sprintf("/tmp/steelyard-conformance-%d", os.Getpid())
+	}
+	if err := run(cfg); err != nil {
+		log.Fatalf("conformance: %v", err)
+	}
+}
+
+func known(p string) bool {
+	for _, k := range proxies {
+		if k == p {
+			return true
+		}
+	}
+	return false
+}
+
+func run(cfg config) error {
+	if cfg.e2eDir == "" || cfg.imagesDir == "" {
+		return errors.New("--e2e-dir and --images-dir are required (scripts/conformance/build.sh and images.sh print them)")
+	}
+	f, err := os.Open(cfg.skipFile)
+	if err != nil {
+		return err
+	}
+	rules, err := ParseList(f)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	if cfg.focus != "" {
+		re, err := regexp.Compile(cfg.focus)
+		if err != nil {
+			return fmt.Errorf("--focus: %w", err)
+		}
+		rules.Focus = []Rule{{Regex: re, Reason: "--focus"}}
+	}
+	if cfg.manifests, err = filepath.Abs(cfg.manifests); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(cfg.out, 0o755); err != nil {
+		return err
+	}
+	e2e, ginkgo := filepath.Join(cfg.e2eDir, "e2e.test"), filepath.Join(cfg.e2eDir, "ginkgo")
+	if err := checkImages(e2e); err != nil {
+		return err
+	}
+
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer cancel()
+	finished := make(chan struct{})
+	defer close(finished)
+	go func() {
+		select {
+		case <-ctx.Done():
+			log.Printf("conformance: interrupted, tearing down")
+		case <-finished:
+		}
+	}()
+	defer sandbox.CloseAll()
+	defer cluster.StopAll()
+
+	results := make([]result, len(cfg.proxies))
+	one := func(i int) {
+		p := cfg.proxies[i]
+		if ctx.Err() != nil {
+			results[i] = result{proxy: p, err: ctx.Err()}
+			return
+		}
+		r, err := runProxy(ctx, cfg, rules, p, e2e, ginkgo)
+		if err != nil {
+			log.Printf("conformance: %s: %v", p, err)
+			r.err = err
+		}
+		results[i] = r
+		// Printed as each run ends too: a later one may be interrupted.
+		log.Printf("conformance: %s: %d passed, %d failed, %d skipped in %v", p, len(r.Passed), len(r.Failed), len(r.Skipped), r.wall.Round(time.Second))
+	}
+	var wg sync.WaitGroup
+	for i := range cfg.proxies {
+		if !cfg.parallel {
+			one(i)
+			continue
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); one(i) }()
+	}
+	wg.Wait()
+	table := render(results, rules, e2e, ginkgo)
+	fmt.Print(table)
+	_ = os.WriteFile(filepath.Join(cfg.out, "table.txt"), []byte(table), 0o644)
+	for _, r := range results {
+		if r.err != nil {
+			return fmt.Errorf("%s did not complete: %v", r.proxy, r.err)
+		}
+	}
+	return nil
+}
+
+// rerender prints the table of the JUnit reports under dir/<proxy>/.
+func rerender(dir string, cfg config) error {
+	f, err := os.Open(cfg.skipFile)
+	if err != nil {
+		return err
+	}
+	rules, err := ParseList(f)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	var results []result
+	for _, p := range proxies {
+		jf, err := os.Open(filepath.Join(dir, p, "junit.xml"))
+		if err != nil {
+			continue
+		}
+		o, err := ParseJUnit(jf)
+		jf.Close()
+		if err != nil {
+			return err
+		}
+		o.CountNotRun(rules)
+		r := result{Outcome: o, proxy: p, wall: time.Duration(o.Seconds * float64(time.Second))}
+		if b, err := os.ReadFile(filepath.Join(dir, p, "wall.txt")); err == nil {
+			if d, err := time.ParseDuration(strings.TrimSpace(string(b))); err == nil {
+				r.wall = d
+			}
+		}
+		results = append(results, r)
+	}
+	if len(results) == 0 {
+		return fmt.Errorf("no junit.xml under %s/<proxy>/", dir)
+	}
+	e2e, ginkgo := filepath.Join(cfg.e2eDir, "e2e.test"), filepath.Join(cfg.e2eDir, "ginkgo")
+	fmt.Print(render(results, rules, e2e, ginkgo))
+	return nil
+}
+
+// result is one proxy's run.
+type result struct {
+	Outcome
+	proxy string
+	wall  time.Duration
+	err   error
+}
+
+func runProxy(ctx context.Context, cfg config, rules List, proxy, e2e, ginkgo string) (result, error) {
+	r := result{proxy: proxy}
+	dir := filepath.Join(cfg.out, proxy)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return r, err
+	}
+	log.Printf("conformance: %s: starting a node", proxy)
+	c, err := cluster.Start(ctx, cluster.Options{
+		Logf:             log.Printf,
+		ExtraControllers: extraControllers,
+		ExtraImages:      []string{filepath.Join(cfg.imagesDir, "agnhost-e2e.tar"), filepath.Join(cfg.imagesDir, "busybox.tar"), filepath.Join(cfg.imagesDir, "coredns.tar")},
+		ClusterDNS:       clusterDNS,
+		// steelyard's install-cni chains steelyard-cni, which turns
+		// hairpin mode on; kube-proxy's node gets it from the bridge.
+		BridgeHairpin: proxy == "kube-proxy",
+	})
+	if err != nil {
+		return r, err
+	}
+	defer func() {
+		saveLogs(ctx, c, dir)
+		if err := c.Stop(); err != nil {
+			log.Printf("conformance: %s: teardown: %v", proxy, err)
+		}
+	}()
+	switch proxy {
+	case "steelyard-iptables":
+		err = c.Install(ctx, []string{cfg.manifests}, map[string]string{"MODE": "iptables"})
+	case "steelyard-nftables":
+		err = c.Install(ctx, []string{cfg.manifests}, map[string]string{"MODE": "nftables"})
+	case "kube-proxy":
+		err = c.StartKubeProxy(ctx, "iptables")
+	}
+	if err != nil {
+		return r, fmt.Errorf("installing the proxy: %w", err)
+	}
+	if err := installDNS(ctx, c, dir); err != nil {
+		return r, fmt.Errorf("cluster DNS: %w", err)
+	}
+	runner, err := c.Sandbox.AddClient(netipZero)
+	if err != nil {
+		return r, err
+	}
+	kubeconfig, err := nodeKubeconfig(c, dir)
+	if err != nil {
+		return r, err
+	}
+	args := append([]string{"--net=" + runner.Path(), "--", ginkgo,
+		fmt.Sprintf("--nodes=%d", cfg.nodes),
+		"--timeout=" + cfg.timeout.String(),
+		"--junit-report=junit.xml", "--output-dir=" + dir,
+		"--no-color", "--silence-skips", "--poll-progress-after=5m",
+	}, rules.GinkgoArgs()...)
+	args = append(args, e2e, "--",
+		"--provider=local",
+		"--kubeconfig="+kubeconfig,
+		"--kubectl-path="+c.CP.Binaries.Kubectl,
+		"--report-dir="+dir,
+		"--dump-logs-on-failure=false",
+		"--allowed-not-ready-nodes=0",
+	)
+	logPath := filepath.Join(dir, "ginkgo.log")
+	lf, err := os.Create(logPath)
+	if err != nil {
+		return r, err
+	}
+	defer lf.Close()
+	cmd := exec.CommandContext(ctx, "nsenter", args...)
+	cmd.Stdout, cmd.Stderr = lf, lf
+	cmd.Dir = dir
+	// ginkgo's parallel e2e.test processes share its process group:
+	// an interrupt ends them all.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGINT) }
+	cmd.WaitDelay = 30 * time.Second
+	log.Printf("conformance: %s: running e2e.test (%d processes; log %s)", proxy, cfg.nodes, logPath)
+	t0 := time.Now()
+	runErr := cmd.Run()
+	r.wall = time.Since(t0)
+	jf, err := os.Open(filepath.Join(dir, "junit.xml"))
+	if err != nil {
+		return r, fmt.Errorf("ginkgo: %v; no JUnit report (%v); see %s", runErr, err, logPath)
+	}
+	defer jf.Close()
+	if r.Outcome, err = ParseJUnit(jf); err != nil {
+		return r, err
+	}
+	r.CountNotRun(rules)
+	_ = os.WriteFile(filepath.Join(dir, "wall.txt"), []byte(r.wall.String()+"\n"), 0o644)
+	// ginkgo exits non-zero when a spec fails: that is a result, not an
+	// error of the harness.
+	if runErr != nil && len(r.Failed) == 0 && len(r.Interrupted) == 0 && r.NotRun == 0 {
+		return r, fmt.Errorf("ginkgo: %v; see %s", runErr, logPath)
+	}
+	return r, nil
+}
+
+// busyboxImage is the busybox scripts/conformance/images.sh builds.
+const busyboxImage = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2"
+
+// clusterDNS is kube-dns's ClusterIP in coredns.yaml.
+var clusterDNS = netip.MustParseAddr("198.18.0.10")
+
+//go:embed coredns.yaml
+var corednsYAML []byte
+
+// installDNS runs CoreDNS as kube-dns (the Service tests reach Services
+// by name) and waits for it: it answers only once the proxy serves the
+// kubernetes Service, its way to the API server.
+func installDNS(ctx context.Context, c *cluster.Cluster, dir string) error {
+	f := filepath.Join(dir, "coredns.yaml")
+	if err := os.WriteFile(f, corednsYAML, 0o644); err != nil {
+		return err
+	}
+	if _, err := c.Kubectl(ctx, "apply", "-f", f); err != nil {
+		return err
+	}
+	_, err := c.Kubectl(ctx, "-n", "kube-system", "rollout", "status", "deploy/coredns", "--timeout=3m")
+	return err
+}
+
+// nodeKubeconfig writes the admin's kubeconfig with the API server at the
+// node's address (relayed there, and named in its certificate): the
+// runner's namespace has no 127.0.0.1 of the root namespace.
+func nodeKubeconfig(c *cluster.Cluster, dir string) (string, error) {
+	b, err := os.ReadFile(c.CP.Kubeconfig)
+	if err != nil {
+		return "", err
+	}
+	from := fmt.Sprintf("https://127.0.0.1:%d", c.APIPort)
+	if !bytes.Contains(b, []byte(from)) {
+		return "", fmt.Errorf("kubeconfig %s does not name %s", c.CP.Kubeconfig, from)
+	}
+	b = bytes.ReplaceAll(b, []byte(from), []byte(fmt.Sprintf("https://%s:%d", c.NodeIP, c.APIPort)))
+	p := filepath.Join(dir, "kubeconfig")
+	return p, os.WriteFile(p, b, 0o600)
+}
+
+// saveLogs keeps what explains a failure: the proxy's log and the
+// components' tails.
+func saveLogs(ctx context.Context, c *cluster.Cluster, dir string) {
+	if out, err := c.Kubectl(ctx, "-n", "steelyard", "logs", "ds/steelyard", "-c", "steelyard", "--tail=2000"); err == nil {
+		_ = os.WriteFile(filepath.Join(dir, "steelyard.log"), []byte(out), 0o644)
+	}
+	if b, err := os.ReadFile(filepath.Join(c.Dir, "kube-proxy.log")); err == nil {
+		_ = os.WriteFile(filepath.Join(dir, "kube-proxy.log"), b, 0o644)
+	}
+	_ = os.WriteFile(filepath.Join(dir, "components.log"), []byte(c.Logs(200)), 0o644)
+}
+
+// checkImages lists the images e2e.test wants and checks that the node
+// has the ones the Service tests use (pause, agnhost and busybox at the
+// versions e2e.test names); the others are reported, not built: a test that needs
+// one fails with an image pull error, which the table shows.
+func checkImages(e2e string) error {
+	out, err := exec.Command(e2e, "--list-images").Output()
+	if err != nil {
+		return fmt.Errorf("%s --list-images: %w", e2e, err)
+	}
+	want := map[string]bool{cluster.AgnhostImage: false, cluster.PauseImage: false, busyboxImage: false}
+	n := 0
+	for _, l := range strings.Fields(string(out)) {
+		n++
+		if _, ok := want[l]; ok {
+			want[l] = true
+		}
+	}
+	for img, listed := range want {
+		if !listed {
+			return fmt.Errorf("e2e.test --list-images does not name %s: the node's images (scripts/node/images.sh) and e2e.test disagree on versions", img)
+		}
+	}
+	log.Printf("conformance: e2e.test lists %d images; the node imports %s, %s and %s (what the Service tests run)", n, cluster.AgnhostImage, busyboxImage, cluster.PauseImage)
+	return nil
+}
+
+func render(results []result, rules List, e2e, ginkgo string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nKubernetes e2e Service tests, %s, e2e.test %s, ginkgo %s, one node\n", time.Now().UTC().Format("2006-01-02"), version(e2e, "--version"), version(ginkgo, "version"))
+	fmt.Fprintf(&b, "focus: %d rules, skip: %d rules (%s)\n\n", len(rules.Focus), len(rules.Skip), "test/conformance/skip.txt")
+	fmt.Fprintf(&b, "| proxy | passed | failed | skipped | not run (time-boxed) | wall time |\n|---|---|---|---|---|---|\n")
+	for _, r := range results {
+		wall := r.wall.Round(time.Second).String()
+		if r.err != nil {
+			wall += " (" + firstLine(r.err.Error()) + ")"
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %s |\n", r.proxy, len(r.Passed), len(r.Failed), len(r.Skipped), len(r.Interrupted)+r.NotRun, wall)
+	}
+	why := map[string]int{}
+	for _, r := range results {
+		for _, w := range r.Skipped {
+			why[w]++
+		}
+	}
+	if len(why) > 0 {
+		fmt.Fprintf(&b, "\nskipped by the tests themselves (all proxies):\n")
+		var ws []string
+		for w := range why {
+			ws = append(ws, w)
+		}
+		sort.Strings(ws)
+		for _, w := range ws {
+			fmt.Fprintf(&b, "  %d x %s\n", why[w], w)
+		}
+	}
+	var ref *result
+	for i := range results {
+		if results[i].proxy == "kube-proxy" && results[i].err == nil {
+			ref = &results[i]
+		}
+	}
+	for _, r := range results {
+		if len(r.Failed) > 0 {
+			fmt.Fprintf(&b, "\n%s failed:\n", r.proxy)
+			for _, n := range r.Failed {
+				fmt.Fprintf(&b, "  %s\n      %s\n", n, firstLine(r.Messages[n]))
+			}
+		}
+	}
+	if ref != nil {
+		passed := map[string]bool{}
+		for _, n := range ref.Passed {
+			passed[n] = true
+		}
+		for _, r := range results {
+			if r.proxy == "kube-proxy" {
+				continue
+			}
+			var worse []string
+			for _, n := range r.Failed {
+				if passed[n] {
+					worse = append(worse, n)
+				}
+			}
+			sort.Strings(worse)
+			fmt.Fprintf(&b, "\nfailed for %s, passed for kube-proxy: %d\n", r.proxy, len(worse))
+			for _, n := range worse {
+				fmt.Fprintf(&b, "  %s\n", n)
+			}
+		}
+	}
+	return b.String()
+}
+
+func version(bin string, args ...string) string {
+	out, err := exec.Command(bin, args...).Output()
+	if err != nil {
+		return "?"
+	}
+	return strings.TrimSpace(firstLine(string(out)))
+}
+
+func firstLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
+// netipZero lets AddClient pick the next free client address.
+var netipZero netip.Addr

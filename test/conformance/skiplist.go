@@ -1,0 +1,106 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"regexp"
+	"strings"
+)
+
+// Rule is one line of skip.txt: a regular expression over a spec's full
+// text and why it is there.
+type Rule struct {
+	Regex  *regexp.Regexp
+	Reason string
+	Line   int
+}
+
+// List is skip.txt parsed: the specs to run are those matching a Focus
+// rule and no Skip rule (ginkgo's --focus and --skip, repeated).
+type List struct {
+	Focus, Skip []Rule
+}
+
+// ParseList reads the format of skip.txt:
+//
+//	# comment
+//	focus <regexp> # reason
+//	skip  <regexp> # reason
+//
+// Every rule needs a reason after " # " (a skip without one is an error:
+// the file is the record of why a test does not run).
+func ParseList(r io.Reader) (List, error) {
+	var l List
+	sc := bufio.NewScanner(r)
+	n := 0
+	for sc.Scan() {
+		n++
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		kind, rest, _ := strings.Cut(line, " ")
+		expr, reason, ok := strings.Cut(rest, " # ")
+		expr, reason = strings.TrimSpace(expr), strings.TrimSpace(reason)
+		if !ok || reason == "" {
+			return l, fmt.Errorf("skip list line %d: %q has no reason (want `%s <regexp> # reason`)", n, line, kind)
+		}
+		if expr == "" {
+			return l, fmt.Errorf("skip list line %d: empty regexp", n)
+		}
+		re, err := regexp.Compile(expr)
+		if err != nil {
+			return l, fmt.Errorf("skip list line %d: %w", n, err)
+		}
+		rule := Rule{Regex: re, Reason: reason, Line: n}
+		switch kind {
+		case "focus":
+			l.Focus = append(l.Focus, rule)
+		case "skip":
+			l.Skip = append(l.Skip, rule)
+		default:
+			return l, fmt.Errorf("skip list line %d: %q: want focus or skip", n, kind)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return l, err
+	}
+	if len(l.Focus) == 0 {
+		return l, fmt.Errorf("skip list: no focus line")
+	}
+	return l, nil
+}
+
+// Selected reports whether a spec's text is run, and if it is focused but
+// skipped, the skip rule that removes it.
+func (l List) Selected(text string) (run bool, skippedBy *Rule) {
+	focused := false
+	for _, f := range l.Focus {
+		if f.Regex.MatchString(text) {
+			focused = true
+			break
+		}
+	}
+	if !focused {
+		return false, nil
+	}
+	for i, s := range l.Skip {
+		if s.Regex.MatchString(text) {
+			return false, &l.Skip[i]
+		}
+	}
+	return true, nil
+}
+
+// GinkgoArgs are the --focus and --skip flags of the list.
+func (l List) GinkgoArgs() []string {
+	var args []string
+	for _, f := range l.Focus {
+		args = append(args, "--focus="+f.Regex.String())
+	}
+	for _, s := range l.Skip {
+		args = append(args, "--skip="+s.Regex.String())
+	}
+	return args
+}
