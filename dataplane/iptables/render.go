@@ -275,9 +275,15 @@ func renderService(r *fragment, sp *dataplane.ServicePort, cfg Config) {
 	// local (INPUT: node ports) and locally originated (OUTPUT) connections.
 	filterRule := func(e entryMatch, why, verdict string) {
 		args := append(slices.Clone(e.args), "-m", "comment", "--comment", quote(name+e.suffix+why), "-m", proto, "--dport", portOf(e))
-		if verdict == "REJECT" {
+		switch {
+		case verdict == "REJECT" && why == suffixRejectShare && sp.VIP.Protocol == dataplane.TCP:
+			// A reset: the ICMP errors of a share of every connection
+			// would hit the kernel's ICMP rate limit (one a second per
+			// client by default) and leave most clients waiting.
+			args = append(args, "-j", "REJECT", "--reject-with", "tcp-reset")
+		case verdict == "REJECT":
 			args = append(args, "-j", "REJECT", "--reject-with", rejectWith(sp.VIP.IP))
-		} else {
+		default:
 			args = append(args, "-j", "DROP")
 		}
 		r.add(TableFilter, e.chain, args...)

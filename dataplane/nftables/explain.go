@@ -84,7 +84,7 @@ func (p *Proxier) Explain() ([]dataplane.ServiceView, error) {
 			switch {
 			case m == mapNoEndpointServices || m == mapNoEndpointNodePorts:
 				// Only refused or dropped.
-				if strings.Contains(verdict, chainReject) {
+				if strings.Contains(verdict, chainReject) || strings.Contains(verdict, chainRejectShare) {
 					v.Reject, v.Policy = true, ""
 				} else {
 					v.Drop, v.Policy = true, dataplane.PolicyLocal

@@ -141,11 +141,11 @@ func (p *Proxier) renderPort(sp *dataplane.ServicePort) *portObjects {
 		// which sees only what nothing DNATed. Entry points that drop
 		// what is not DNATed drop it instead.
 		if !sp.InternalLocal || len(local) > 0 {
-			noEndpoints(internal, "goto "+chainReject)
+			noEndpoints(internal, "goto "+chainRejectShare)
 		}
 		for _, e := range external {
 			if (!sp.ExternalLocal || len(local) > 0) && !(e.lb && len(sp.SourceRanges) > 0) {
-				noEndpoints(e, "goto "+chainReject)
+				noEndpoints(e, "goto "+chainRejectShare)
 			}
 		}
 	}
