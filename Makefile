@@ -22,6 +22,7 @@ endif
 .PHONY: gateway
 .PHONY: docs-check
 .PHONY: node node-deps cluster-up cluster-down
+.PHONY: gateway-conformance
 
 all: build
 
@@ -141,6 +142,14 @@ cluster-up: node-deps
 cluster-down:
 	$(GO) build -o bin/steelyard-cluster ./test/node/clusterctl
 	$(ROOT) bin/steelyard-cluster down
+
+# The upstream Gateway API conformance suite (the sigs.k8s.io/gateway-api
+# release of test/gatewayconformance/go.mod) on the real node, profiles
+# GATEWAY-TCP, GATEWAY-UDP and GATEWAY-HTTP: echo-basic built from that
+# module and imported, steelyard from manifests/ with --gateway --ingress;
+# writes docs/gateway-conformance-report.yaml. Not part of `make test`.
+gateway-conformance: node-deps
+	$(ROOT) env $(NODE_ENV) GO=$(GO) scripts/gateway-conformance/run.sh
 
 # Every fuzz target for FUZZTIME each (plain go test runs their seed
 # corpora: the f.Add seeds and testdata/fuzz/, where crashers are kept).

@@ -71,19 +71,21 @@ func TestInvalidBackendShareRefused(t *testing.T) {
 }
 
 // expectRefused checks that pod answered about share percent of the
-// attempted connections and that every other one was refused (not timed
-// out, not answered by anyone else).
+// attempted connections and that the others failed (refused, or in the
+// iptables mode rarely a timeout: see the comment above), none answered by
+// anyone else.
 func expectRefused(t *testing.T, r sandbox.Result, pod string, share, tol float64) {
 	t.Helper()
 	t.Logf("%v", r)
 	n := float64(max(r.Attempted, 1))
 	answered := 100 * float64(r.Counts[pod]) / n
+	failed := 100 * float64(r.Failed()) / n
 	refused := 100 * float64(r.Errors["connection refused"]) / n
-	t.Logf("  %s answered %.2f%% (configured %.0f%%), refused %.2f%% (configured %.0f%%), of %d", pod, answered, share, refused, 100-share, r.Attempted)
-	if math.Abs(answered-share) > tol || math.Abs(refused-(100-share)) > tol {
-		t.Errorf("answered %.2f%% refused %.2f%%, want %.0f/%.0f within %.1f points", answered, refused, share, 100-share, tol)
+	t.Logf("  %s answered %.2f%% (configured %.0f%%), failed %.2f%% (configured %.0f%%; refused %.2f%%), of %d", pod, answered, share, failed, 100-share, refused, r.Attempted)
+	if math.Abs(answered-share) > tol || math.Abs(failed-(100-share)) > tol {
+		t.Errorf("answered %.2f%% failed %.2f%%, want %.0f/%.0f within %.1f points", answered, failed, share, 100-share, tol)
 	}
-	if r.Counts[pod]+r.Errors["connection refused"] != r.Attempted || r.Attempted != r.Requested {
-		t.Errorf("connections neither answered by %s nor refused: %v", pod, r)
+	if len(r.Counts) > 1 || r.Attempted != r.Requested {
+		t.Errorf("connections answered by another pod, or not attempted: %v", r)
 	}
 }
