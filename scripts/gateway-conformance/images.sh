@@ -4,7 +4,10 @@
 # version test/gatewayconformance/go.mod requires, one static binary in a
 # docker-archive tarball (scripts/node/images' assembler, go-containerregistry),
 # once under each name the suite's manifests use (they pin three tags of the
-# same program; nothing is pulled, so each name must be present).
+# same program; nothing is pulled, so each name must be present), and
+# CoreDNS at the version the suite's base manifests name (UDPRouteSimple's
+# DNS backend; every pod of the infra namespace must be Ready before any
+# test runs), built from github.com/coredns/coredns through the module proxy.
 #
 #   scripts/gateway-conformance/images.sh   print the tarballs, one a line
 set -euo pipefail
@@ -39,3 +42,15 @@ fi
 for n in "${names[@]}"; do
 	echo "$dir/echo-basic-$version-${n##*:}.tar"
 done
+
+coredns_ref=$(grep -rhoE 'registry\.k8s\.io/coredns/coredns:v[0-9.]+' "$src/base" | sort -u | head -n 1)
+coredns_version=${coredns_ref##*:}
+coredns=$dir/gwconf-coredns-$coredns_version.tar
+if [[ ! -s $coredns ]]; then
+	t0=$(date +%s)
+	[[ -x $tmp/imagebuild ]] || (cd "$repo/scripts/node/images" && CGO_ENABLED=0 "$go" build -trimpath -o "$tmp/imagebuild" .)
+	GOBIN=$tmp/bin CGO_ENABLED=0 "$go" install -trimpath -ldflags "-s -w" "github.com/coredns/coredns@$coredns_version"
+	"$tmp/imagebuild" --name "$coredns_ref" --out "$coredns" --file "$tmp/bin/coredns:/coredns:0755" --entrypoint /coredns
+	echo "gateway-conformance: coredns $coredns_version built in $(($(date +%s) - t0)) s" >&2
+fi
+echo "$coredns"
