@@ -22,7 +22,7 @@ endif
 .PHONY: gateway
 .PHONY: docs-check
 .PHONY: node node-deps cluster-up cluster-down bench-node
-.PHONY: conformance
+.PHONY: conformance gateway-conformance
 
 all: build
 
@@ -168,6 +168,14 @@ conformance: node-deps
 	e2e=$$(scripts/conformance/build.sh) && images=$$($(ROOT) scripts/conformance/images.sh) && \
 	$(ROOT) env $(NODE_ENV) bin/steelyard-conformance --e2e-dir "$$e2e" --images-dir "$$images" \
 	  --proxies "$(PROXIES)" --focus "$(FOCUS)" --nodes "$(or $(NODES),4)" $(if $(PARALLEL),--parallel)
+
+# The upstream Gateway API conformance suite (the sigs.k8s.io/gateway-api
+# release of test/gatewayconformance/go.mod) on the real node, profiles
+# GATEWAY-TCP, GATEWAY-UDP and GATEWAY-HTTP: echo-basic built from that
+# module and imported, steelyard from manifests/ with --gateway --ingress;
+# writes docs/gateway-conformance-report.yaml. Not part of `make test`.
+gateway-conformance: node-deps
+	$(ROOT) env $(NODE_ENV) GO=$(GO) scripts/gateway-conformance/run.sh
 
 # Every fuzz target for FUZZTIME each (plain go test runs their seed
 # corpora: the f.Add seeds and testdata/fuzz/, where crashers are kept).

@@ -371,7 +371,7 @@ func (bd *build) familyPorts(si *serviceInfo, ip netip.Addr) []dataplane.Service
 				bd.problem(svc.Namespace, svc.Name, KindService, svc.Name, AnnotationSplit, errRouteWins(port, r.Route))
 			}
 			sp.Name.Port = routePortName(port, r.Route)
-			sp.Backends = bd.routeBackends(sp.Name.String(), r.Backends, proto, family)
+			sp.Backends, sp.RejectWeight = bd.routeBackends(sp.Name.String(), r.Backends, proto, family)
 		} else if si.hasSplit {
 			sp.Backends = bd.splitBackends(si, port, family)
 		} else {

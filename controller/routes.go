@@ -97,11 +97,9 @@ func (bd *build) listenerPorts() []dataplane.ServicePort {
 		if !bd.b.families[family] {
 			continue
 		}
-		out = append(out, dataplane.ServicePort{
-			Name:     lr.Name,
-			VIP:      lr.VIP,
-			Backends: bd.routeBackends(lr.Name.String(), lr.Backends, lr.VIP.Protocol, family),
-		})
+		sp := dataplane.ServicePort{Name: lr.Name, VIP: lr.VIP}
+		sp.Backends, sp.RejectWeight = bd.routeBackends(lr.Name.String(), lr.Backends, lr.VIP.Protocol, family)
+		out = append(out, sp)
 	}
 	return out
 }
@@ -109,28 +107,33 @@ func (bd *build) listenerPorts() []dataplane.ServicePort {
 // routeBackends returns the backends of a route: each backendRef's Service
 // port endpoints, weighted within it by steelyard's endpoint weights, and
 // scaled to the backendRef's part exactly as splitBackends scales a split
-// part. An invalid backendRef, or one with no usable endpoint, keeps no
-// backend here; see RouteBackend for what the spec wants of it.
-func (bd *build) routeBackends(route string, refs []RouteBackend, proto dataplane.Protocol, family discoveryv1.AddressType) []dataplane.Backend {
-	var out []dataplane.Backend
+// part. The parts of invalid backendRefs (RouteBackend.Invalid, or a
+// Service or port that does not exist) add up to reject: the spec wants
+// their share kept and its connections refused, not handed to the valid
+// backends. A valid backendRef with no ready endpoint keeps no share, as
+// a Service without endpoints gets none in a split.
+func (bd *build) routeBackends(route string, refs []RouteBackend, proto dataplane.Protocol, family discoveryv1.AddressType) (out []dataplane.Backend, reject float64) {
 	index := map[netip.AddrPort]int{}
 	for _, ref := range refs {
 		if ref.Invalid {
+			reject += float64(ref.Weight)
 			continue
 		}
 		s := bd.services[types.NamespacedName{Namespace: ref.Namespace, Name: ref.Service}]
 		if s == nil {
 			log.WithField(fieldSvc, route).Debugf("route names Service %s/%s, which does not exist", ref.Namespace, ref.Service)
+			reject += float64(ref.Weight)
 			continue
 		}
 		port, ok := servicePortByNumber(s.svc, ref.Port, proto)
 		if !ok {
 			log.WithField(fieldSvc, route).Debugf("route names port %d of Service %s/%s, which has none", ref.Port, ref.Namespace, ref.Service)
+			reject += float64(ref.Weight)
 			continue
 		}
 		out = addPart(out, index, bd.backends(s, port, family), ref.Weight)
 	}
-	return out
+	return out, reject
 }
 
 // addPart appends bes to out, scaled so that together they weigh part:

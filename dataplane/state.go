@@ -134,6 +134,23 @@ type ServicePort struct {
 	AffinitySeconds int
 	// Scheduler is the IPVS scheduler from the annotation, "" = node default.
 	Scheduler string
+	// RejectWeight is a share of new connections that is refused, weighed
+	// like a backend: RejectWeight / (RejectWeight + TotalWeight) of them.
+	// It is the part of a Gateway API route's invalid backendRefs, which
+	// the spec says keep their weight and fail their connections. It
+	// applies only while the port has an active backend (without one every
+	// connection is refused anyway).
+	RejectWeight float64
+}
+
+// RejectShare returns the fraction (0..1) of the new connections through bs
+// that RejectWeight refuses; 0 when bs is empty.
+func (s *ServicePort) RejectShare(bs []Backend) float64 {
+	sum := SumWeights(bs)
+	if s.RejectWeight <= 0 || sum == 0 {
+		return 0
+	}
+	return s.RejectWeight / (s.RejectWeight + sum)
 }
 
 // HasExternal reports whether the port has an external entry point.
@@ -215,7 +232,7 @@ func (s *ServicePort) Equal(o *ServicePort) bool {
 		slices.Equal(s.LoadBalancerIPs, o.LoadBalancerIPs) && slices.Equal(s.SourceRanges, o.SourceRanges) &&
 		s.ExternalLocal == o.ExternalLocal && s.InternalLocal == o.InternalLocal &&
 		s.HealthCheckNodePort == o.HealthCheckNodePort && s.AffinitySeconds == o.AffinitySeconds &&
-		slices.Equal(s.Backends, o.Backends)
+		s.RejectWeight == o.RejectWeight && slices.Equal(s.Backends, o.Backends)
 }
 
 func sortBackends(bs []Backend) {

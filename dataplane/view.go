@@ -28,6 +28,10 @@ type ServiceView struct {
 	// A view with no backends and no Reject describes a VIP whose packets the
 	// kernel passes on unchanged: a broken or half-removed ruleset.
 	Reject bool `json:"reject,omitempty"`
+	// RejectShare is the percentage of new connections refused while the
+	// others go to Backends (ServicePort.RejectWeight: the invalid
+	// backendRefs of a Gateway API route).
+	RejectShare float64 `json:"rejectShare,omitempty"`
 
 	// Entry is how connections reach the Service port here: EntryClusterIP,
 	// EntryNodePort (VIP is then 0.0.0.0 or ::, standing for every address
@@ -118,6 +122,10 @@ func Expected(s State) []ServiceView {
 				v.Policy = PolicyLocal
 			}
 			total := SumWeights(bs)
+			if r := sp.RejectShare(bs); r > 0 {
+				v.RejectShare = RoundShare(100 * r)
+				total += sp.RejectWeight
+			}
 			for _, b := range bs {
 				v.Backends = append(v.Backends, BackendView{IP: b.IP.String(), Port: b.Port, Share: RoundShare(100 * b.Weight / total)})
 			}
@@ -206,6 +214,9 @@ func (v ServiceView) Line() string {
 	}
 	for _, be := range v.Backends {
 		fmt.Fprintf(&b, "  %s %.2f%%", netip.AddrPortFrom(netip.MustParseAddr(be.IP), be.Port), be.Share)
+	}
+	if v.RejectShare > 0 {
+		fmt.Fprintf(&b, "  reject %.2f%%", v.RejectShare)
 	}
 	if v.Service != "" {
 		b.WriteString("  " + v.Service)
@@ -304,6 +315,9 @@ func Diff(want, live []ServiceView) []string {
 
 func sameView(a, b ServiceView) bool {
 	if a.Service != b.Service || len(a.Backends) != len(b.Backends) || a.Reject != b.Reject || a.Drop != b.Drop {
+		return false
+	}
+	if math.Abs(a.RejectShare-b.RejectShare) > ShareTolerance {
 		return false
 	}
 	if entryOf(a) != entryOf(b) || (a.Policy != "" && b.Policy != "" && a.Policy != b.Policy) {

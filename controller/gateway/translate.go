@@ -524,6 +524,10 @@ func gatewayStatus(g *gwv1.Gateway, addrs []netip.Addr, ls []*listener) gwv1.Gat
 		accepted = cond(string(gwv1.GatewayConditionAccepted), false, string(gwv1.GatewayReasonUnsupportedAddress), bad, gen)
 	} else if !slices.ContainsFunc(ls, func(l *listener) bool { return l.valid }) {
 		accepted = cond(string(gwv1.GatewayConditionAccepted), false, string(gwv1.GatewayReasonListenersNotValid), "no listener can carry routes", gen)
+	} else if slices.ContainsFunc(ls, func(l *listener) bool { return !l.valid }) {
+		// Accepted, and the reason says some listeners are not (the
+		// spec's ListenersNotValid; conformance GatewayListenerUnsupportedProtocol).
+		accepted = cond(string(gwv1.GatewayConditionAccepted), true, string(gwv1.GatewayReasonListenersNotValid), "some listeners are not valid: see their conditions", gen)
 	}
 	programmed := cond(string(gwv1.GatewayConditionProgrammed), true, string(gwv1.GatewayReasonProgrammed), "listeners are programmed on every node like external IPs", gen)
 	if len(addrs) == 0 {

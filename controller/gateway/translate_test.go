@@ -359,3 +359,26 @@ func TestSpecAddresses(t *testing.T) {
 		t.Errorf("listeners without routes became Service ports: %+v", res.Routes.Listeners)
 	}
 }
+
+// TestGatewayAcceptedListenersNotValid: a Gateway with a TCP listener and
+// a TLS one (unsupported) is Accepted with reason ListenersNotValid, as the
+// conformance test GatewayListenerUnsupportedProtocol wants; the TLS
+// listener is not accepted and the TCP one is.
+func TestGatewayAcceptedListenersNotValid(t *testing.T) {
+	res := Translate(Input{
+		Classes: []*gwv1.GatewayClass{class()},
+		Gateways: []*gwv1.Gateway{gw("gw", 0,
+			gwv1.Listener{Name: "tcp", Protocol: gwv1.TCPProtocolType, Port: 9000},
+			gwv1.Listener{Name: "tls", Protocol: gwv1.TLSProtocolType, Port: 9443})},
+		Pool: netip.MustParsePrefix("198.18.200.0/28"),
+	})
+	gs := res.Gateways[types.NamespacedName{Namespace: ns, Name: "gw"}]
+	if c := condOf(t, gs.Conditions, "Accepted"); c.Status != metav1.ConditionTrue || c.Reason != "ListenersNotValid" {
+		t.Errorf("Gateway Accepted %s/%s, want True/ListenersNotValid", c.Status, c.Reason)
+	}
+	for i, want := range []metav1.ConditionStatus{metav1.ConditionTrue, metav1.ConditionFalse} {
+		if c := condOf(t, gs.Listeners[i].Conditions, "Accepted"); c.Status != want {
+			t.Errorf("listener %s Accepted %s, want %s", gs.Listeners[i].Name, c.Status, want)
+		}
+	}
+}

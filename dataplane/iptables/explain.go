@@ -37,7 +37,7 @@ type vipKey struct {
 // parseEntryComment splits "ns/name:port external IP has no endpoints" into
 // the Service port name, the entry kind and the filter reason.
 func parseEntryComment(c string) (name, kind, reason string) {
-	for _, r := range []string{suffixNoEndpoints, suffixNoLocalEndpoints, suffixSourceNotAllowed} {
+	for _, r := range []string{suffixNoEndpoints, suffixNoLocalEndpoints, suffixSourceNotAllowed, suffixRejectShare} {
 		if strings.HasSuffix(c, r) {
 			c, reason = strings.TrimSuffix(c, r), r
 			break
@@ -96,7 +96,7 @@ func Views(rs *Ruleset) ([]dataplane.ServiceView, error) {
 				order = append(order, k)
 			}
 			e.name, e.kind = name, kind
-			if reason != "" {
+			if reason != "" && reason != suffixRejectShare {
 				e.reason = reason
 			}
 			if t == TableNAT && rs.Chain(t, Chain(r.Jump)) != nil {
@@ -185,6 +185,27 @@ func Views(rs *Ruleset) ([]dataplane.ServiceView, error) {
 			}
 			v.Problems = append(v.Problems, probs...)
 		}
+		if len(v.Backends) > 0 {
+			// A share left without DNAT: refused in the filter table?
+			// Rounding leaves at most 5e-5 points per backend.
+			if rest := 100 - sumShares(v.Backends); rest > 0.01 {
+				filter, err := traceIfPresent(rs, TableFilter, filterChain, p)
+				if err != nil {
+					return nil, fmt.Errorf("explain %s: %w", v.Service, err)
+				}
+				refused := 0.0
+				for _, o := range filter {
+					if o.Verdict == "REJECT" || o.Verdict == "DROP" {
+						refused += o.Probability
+					}
+				}
+				if refused > 0.5 {
+					v.RejectShare = dataplane.RoundShare(rest)
+				} else {
+					v.Problems = append(v.Problems, fmt.Sprintf("%.4f%% of new connections are neither DNATed nor refused", rest))
+				}
+			}
+		}
 		if len(v.Backends) == 0 {
 			// No DNAT: is a new connection refused or dropped on its way?
 			filter, err := traceIfPresent(rs, TableFilter, filterChain, p)
@@ -250,6 +271,14 @@ func traceShares(rs *Ruleset, p Packet) ([]dataplane.BackendView, TraceInfo, err
 		}
 	}
 	return out, info, nil
+}
+
+func sumShares(bs []dataplane.BackendView) float64 {
+	var sum float64
+	for _, b := range bs {
+		sum += b.Share
+	}
+	return sum
 }
 
 func sameShares(a, b []dataplane.BackendView) bool {

@@ -235,6 +235,9 @@ const (
 	suffixNoEndpoints      = " has no endpoints"
 	suffixNoLocalEndpoints = " has no local endpoints"
 	suffixSourceNotAllowed = " source not allowed"
+	// suffixRejectShare: the reject share of a split (RejectWeight) leaves
+	// the nat chains without DNAT and is refused here.
+	suffixRejectShare = " reject share"
 )
 
 // entryMatch is one way into a Service port: the matches of its rule in a
@@ -272,9 +275,15 @@ func renderService(r *fragment, sp *dataplane.ServicePort, cfg Config) {
 	// local (INPUT: node ports) and locally originated (OUTPUT) connections.
 	filterRule := func(e entryMatch, why, verdict string) {
 		args := append(slices.Clone(e.args), "-m", "comment", "--comment", quote(name+e.suffix+why), "-m", proto, "--dport", portOf(e))
-		if verdict == "REJECT" {
+		switch {
+		case verdict == "REJECT" && why == suffixRejectShare && sp.VIP.Protocol == dataplane.TCP:
+			// A reset: the ICMP errors of a share of every connection
+			// would hit the kernel's ICMP rate limit (one a second per
+			// client by default) and leave most clients waiting.
+			args = append(args, "-j", "REJECT", "--reject-with", "tcp-reset")
+		case verdict == "REJECT":
 			args = append(args, "-j", "REJECT", "--reject-with", rejectWith(sp.VIP.IP))
-		} else {
+		default:
 			args = append(args, "-j", "DROP")
 		}
 		r.add(TableFilter, e.chain, args...)
@@ -297,6 +306,20 @@ func renderService(r *fragment, sp *dataplane.ServicePort, cfg Config) {
 		cluster = active
 	}
 	local := sp.LocalBackends()
+	if sp.RejectWeight > 0 {
+		// The reject share RETURNs from the split without DNAT: it reaches
+		// the filter table still aimed at the entry point, which nothing
+		// DNATed does. Entry points that drop what is not DNATed (Local
+		// policy without a local endpoint, source ranges) drop it there.
+		if !sp.InternalLocal || len(local) > 0 {
+			filterRule(internal, suffixRejectShare, "REJECT")
+		}
+		for _, e := range external {
+			if (!sp.ExternalLocal || len(local) > 0) && (e.suffix != suffixLoadBalancer || len(sp.SourceRanges) == 0) {
+				filterRule(e, suffixRejectShare, "REJECT")
+			}
+		}
+	}
 	svc := ServiceChain(sp.Name, sp.VIP.Protocol)
 	svl := LocalChain(sp.Name, sp.VIP.Protocol)
 	ext := ExternalChain(sp.Name, sp.VIP.Protocol)
@@ -431,6 +454,10 @@ func renderSplit(r *fragment, chain Chain, sp *dataplane.ServicePort, bs []datap
 				"-m", "recent", "--rcheck", "--seconds", strconv.Itoa(sp.AffinitySeconds), "--reap", "--name", string(sep),
 				"--mask", fullMask(b.IP), "--rsource", "-j", string(sep))
 		}
+	}
+	if rej := sp.RejectShare(bs); rej > 0 {
+		r.add(TableNAT, chain, "-m", "comment", "--comment", quote(fmt.Sprintf("%s reject weight %s", name, formatWeight(sp.RejectWeight))),
+			"-m", "statistic", "--mode", "random", "--probability", FormatProbability(rej), "-j", "RETURN")
 	}
 	weights := make([]float64, len(bs))
 	for i, b := range bs {

@@ -128,6 +128,15 @@ func (p *Proxier) desired(s dataplane.State, nodeAddrs []netip.Addr, req datapla
 	return out
 }
 
+// RejectDestination is the destination of a Service port's reject share
+// (dataplane.ServicePort.RejectWeight): its own clusterIP and port. The VIP
+// is a local address (on the dummy interface), so IPVS hands the packet to
+// the local stack unchanged (a local real server), where no socket listens
+// on it: TCP gets a reset, UDP an ICMP port unreachable.
+func RejectDestination(sp *dataplane.ServicePort) netip.AddrPort {
+	return netip.AddrPortFrom(sp.VIP.IP, sp.VIP.Port)
+}
+
 // entries returns the virtual servers of one Service port.
 func (p *Proxier) entries(sp *dataplane.ServicePort, nodeAddrs []netip.Addr) []*wantService {
 	sched := sp.Scheduler
@@ -148,10 +157,19 @@ func (p *Proxier) entries(sp *dataplane.ServicePort, nodeAddrs []netip.Addr) []*
 				fs[j] = b.Weight
 			}
 		}
-		dests := make(map[netip.AddrPort]int, len(sp.Backends))
+		// The reject share is one more destination: the VIP itself (see
+		// RejectDestination).
+		reject := sp.RejectShare(bs) > 0
+		if reject {
+			fs = append(fs, sp.RejectWeight)
+		}
+		dests := make(map[netip.AddrPort]int, len(fs))
 		var order []netip.AddrPort
 		for j, iw := range IntWeights(fs) {
-			a := sp.Backends[j].Addr()
+			a := RejectDestination(sp)
+			if j < len(sp.Backends) {
+				a = sp.Backends[j].Addr()
+			}
 			if _, dup := dests[a]; !dup {
 				order = append(order, a)
 			}

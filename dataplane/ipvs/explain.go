@@ -55,7 +55,7 @@ func (p *Proxier) Explain() ([]dataplane.ServiceView, error) {
 		}
 		key := vs.Key()
 		sc := names[key]
-		v := viewOf(vs, sc, rss, drops[key])
+		v := viewOf(vs, sc, rss, drops[key], onLink)
 		if fw[key] {
 			v.SourceRanges = ranges[key]
 			if len(v.SourceRanges) == 0 {
@@ -168,7 +168,10 @@ func sourceRanges(entries []SetEntry) map[dataplane.VIP][]string {
 // decides: an entry in SetDrop drops new connections (the filter rule runs
 // before IPVS); otherwise the destinations with a positive weight share
 // them, and with none IPVS refuses them (ICMP port unreachable).
-func viewOf(vs VirtualServer, sc setComment, rss []RealServer, drop bool) dataplane.ServiceView {
+//
+// A destination on the dummy interface (onLink) is a VIP: the reject
+// share of RejectDestination, not a backend.
+func viewOf(vs VirtualServer, sc setComment, rss []RealServer, drop bool, onLink map[netip.Addr]bool) dataplane.ServiceView {
 	name, extra := parseComment(sc.comment)
 	v := dataplane.ServiceView{
 		Service:  name,
@@ -204,6 +207,10 @@ func viewOf(vs VirtualServer, sc setComment, rss []RealServer, drop bool) datapl
 	}
 	for _, r := range rss {
 		if r.Weight <= 0 {
+			continue
+		}
+		if onLink[r.Address] {
+			v.RejectShare += dataplane.RoundShare(100 * float64(r.Weight) / float64(total))
 			continue
 		}
 		v.Backends = append(v.Backends, dataplane.BackendView{IP: r.Address.String(), Port: r.Port,

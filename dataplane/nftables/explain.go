@@ -84,7 +84,7 @@ func (p *Proxier) Explain() ([]dataplane.ServiceView, error) {
 			switch {
 			case m == mapNoEndpointServices || m == mapNoEndpointNodePorts:
 				// Only refused or dropped.
-				if strings.Contains(verdict, chainReject) {
+				if strings.Contains(verdict, chainReject) || strings.Contains(verdict, chainRejectShare) {
 					v.Reject, v.Policy = true, ""
 				} else {
 					v.Drop, v.Policy = true, dataplane.PolicyLocal
@@ -98,6 +98,9 @@ func (p *Proxier) Explain() ([]dataplane.ServiceView, error) {
 				snap.follow(p, m[1], &v)
 				if len(v.Backends) == 0 && verdict == "drop" {
 					v.Drop = true
+				}
+				if v.RejectShare > 0 && verdict == "" {
+					v.Problems = append(v.Problems, fmt.Sprintf("%.4f%% of new connections leave the split without DNAT and are not refused", v.RejectShare))
 				}
 			}
 			views = append(views, v)
@@ -241,6 +244,11 @@ func (s *snapshot) split(p *Proxier, modText, m string, v *dataplane.ServiceView
 	for _, e := range s.elems[m] {
 		r := reRange.FindStringSubmatch(e.key[0])
 		g := reGoto.FindStringSubmatch(e.value)
+		if r != nil && e.value == "return" {
+			// The reject share (ServicePort.RejectWeight): no DNAT here,
+			// refused by the filter map.
+			g = []string{"", ""}
+		}
 		if r == nil || g == nil {
 			v.Problems = append(v.Problems, fmt.Sprintf("unreadable weight element %q : %q", e.key, e.value))
 			continue
@@ -266,6 +274,10 @@ func (s *snapshot) split(p *Proxier, modText, m string, v *dataplane.ServiceView
 		v.Problems = append(v.Problems, fmt.Sprintf("%.4f%% of new connections match no weight range", 100*float64(mod-covered)/float64(mod)))
 	}
 	for _, ep := range order {
+		if ep == "" {
+			v.RejectShare = dataplane.RoundShare(100 * float64(shares[ep]) / float64(mod))
+			continue
+		}
 		addr, hairpin := s.endpoint(ep)
 		if !addr.IsValid() {
 			v.Problems = append(v.Problems, "endpoint chain "+ep+" has no DNAT")

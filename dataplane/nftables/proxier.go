@@ -67,11 +67,15 @@ const DefaultMasqueradeBit = 13
 
 // The fixed objects of the table.
 const (
-	chainServices          = "services"
-	chainMarkMasq          = "mark-for-masquerade"
-	chainMasquerading      = "masquerading"
-	chainFilterEndpoints   = "filter-endpoints"
-	chainReject            = "reject-chain"
+	chainServices        = "services"
+	chainMarkMasq        = "mark-for-masquerade"
+	chainMasquerading    = "masquerading"
+	chainFilterEndpoints = "filter-endpoints"
+	chainReject          = "reject-chain"
+	// chainRejectShare refuses a split's reject share (RejectWeight): TCP
+	// with a reset, since ICMP errors for a share of every connection hit
+	// the kernel's ICMP rate limit.
+	chainRejectShare       = "reject-share-chain"
 	mapServiceIPs          = "service-ips"
 	mapServiceNodePorts    = "service-nodeports"
 	mapNoEndpointServices  = "no-endpoint-services"

@@ -135,6 +135,20 @@ func (p *Proxier) renderPort(sp *dataplane.ServicePort) *portObjects {
 		cluster = active // the controller never leaves topology with nothing
 	}
 	local := sp.LocalBackends()
+	if sp.RejectWeight > 0 {
+		// The reject share returns from the split without DNAT (verdict
+		// "return" in the weight map) and is refused by the filter map,
+		// which sees only what nothing DNATed. Entry points that drop
+		// what is not DNATed drop it instead.
+		if !sp.InternalLocal || len(local) > 0 {
+			noEndpoints(internal, "goto "+chainRejectShare)
+		}
+		for _, e := range external {
+			if (!sp.ExternalLocal || len(local) > 0) && !(e.lb && len(sp.SourceRanges) > 0) {
+				noEndpoints(e, "goto "+chainRejectShare)
+			}
+		}
+	}
 	usesSVC := !sp.InternalLocal || len(external) > 0
 	usesSVL := (sp.InternalLocal || (len(external) > 0 && sp.ExternalLocal)) && len(local) > 0
 
@@ -243,9 +257,12 @@ func (p *Proxier) renderPort(sp *dataplane.ServicePort) *portObjects {
 				rules = append(rules, p.f.ip+" saddr @"+affinitySet(ep)+" goto "+ep)
 			}
 		}
-		weights := make([]float64, len(bs))
+		weights := make([]float64, len(bs), len(bs)+1)
 		for i, b := range bs {
 			weights[i] = b.Weight
+		}
+		if sp.RejectShare(bs) > 0 {
+			weights = append(weights, sp.RejectWeight) // the last range
 		}
 		mod, ranges := Ranges(weights)
 		wm := &weightMap{}
@@ -253,7 +270,11 @@ func (p *Proxier) renderPort(sp *dataplane.ServicePort) *portObjects {
 			if r[1] < r[0] {
 				continue // too small a weight for one bucket
 			}
-			wm.elems = append(wm.elems, [2]string{fmt.Sprintf("%d-%d", r[0], r[1]), "goto " + eps[bs[i].Addr()]})
+			verdict := "return"
+			if i < len(bs) {
+				verdict = "goto " + eps[bs[i].Addr()]
+			}
+			wm.elems = append(wm.elems, [2]string{fmt.Sprintf("%d-%d", r[0], r[1]), verdict})
 		}
 		mname := weightMapName(chain)
 		o.maps[mname] = wm

@@ -39,6 +39,7 @@ func (p *Proxier) skeleton(tx txn) {
 		{chainMarkMasq, []string{"meta mark set meta mark | " + mark}},
 		{chainMasquerading, []string{"meta mark & " + mark + " == 0 return", "meta mark set meta mark ^ " + mark, "masquerade fully-random"}},
 		{chainReject, []string{"reject"}},
+		{chainRejectShare, []string{"meta l4proto tcp reject with tcp reset", "reject"}},
 		{chainFilterEndpoints, []string{
 			ip + " daddr . meta l4proto . th dport vmap @" + mapNoEndpointServices,
 			ip + " daddr @" + setNodePortIPs + " meta l4proto . th dport vmap @" + mapNoEndpointNodePorts,
