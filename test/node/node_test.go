@@ -23,25 +23,6 @@ import (
 // The tests run in this file's order; the last one deletes the
 // steelyard pod.
 
-// netexec is agnhost's HTTP server; /hostname answers the pod's name.
-const netexecContainer = `
-      terminationGracePeriodSeconds: 30
-      containers:
-      - name: netexec
-        image: ` + cluster.AgnhostImage + `
-        imagePullPolicy: IfNotPresent
-        args: ["netexec", "--http-port=8080"]
-        ports: [{containerPort: 8080}]
-        readinessProbe:
-          httpGet: {path: /hostname, port: 8080}
-          periodSeconds: 1
-        # What users run: a pause before SIGTERM, so the endpoint has
-        # left every node's rules before the process stops accepting.
-        lifecycle:
-          preStop:
-            sleep: {seconds: 5}
-`
-
 // webOnce creates the StatefulSet web (web-0, web-1) behind Service web
 // (weights 10/90) and the client pod, once for every test.
 var webOnce sync.Once
@@ -60,7 +41,7 @@ spec:
   selector: {matchLabels: {app: web}}
   template:
     metadata: {labels: {app: web}}
-    spec:` + netexecContainer + `---
+    spec:` + cluster.NetexecPodSpec + `---
 apiVersion: v1
 kind: Service
 metadata:
@@ -214,7 +195,7 @@ spec:
   selector: {matchLabels: {app: canary}}
   template:
     metadata: {labels: {app: canary}}
-    spec:`+netexecContainer+`---
+    spec:`+cluster.NetexecPodSpec+`---
 apiVersion: v1
 kind: Service
 metadata: {name: canary, namespace: default}
@@ -261,7 +242,7 @@ spec:
   selector: {matchLabels: {app: heavy}}
   template:
     metadata: {labels: {app: heavy}}
-    spec:`+netexecContainer+`---
+    spec:`+cluster.NetexecPodSpec+`---
 apiVersion: v1
 kind: Service
 metadata: {name: heavy, namespace: default}
@@ -430,7 +411,7 @@ spec:
   selector: {matchLabels: {app: churn}}
   template:
     metadata: {labels: {app: churn}}
-    spec:`+netexecContainer+`---
+    spec:`+cluster.NetexecPodSpec+`---
 apiVersion: v1
 kind: Service
 metadata: {name: churn, namespace: default}

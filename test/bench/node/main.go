@@ -183,21 +183,7 @@ spec:
   selector: {matchLabels: {app: bench}}
   template:
     metadata: {labels: {app: bench}}
-    spec:
-      terminationGracePeriodSeconds: 30
-      containers:
-      - name: netexec
-        image: ` + cluster.AgnhostImage + `
-        imagePullPolicy: IfNotPresent
-        args: ["netexec", "--http-port=8080"]
-        ports: [{containerPort: 8080}]
-        readinessProbe:
-          httpGet: {path: /hostname, port: 8080}
-          periodSeconds: 1
-        lifecycle:
-          preStop:
-            sleep: {seconds: 5}
----
+    spec:` + cluster.NetexecPodSpec + `---
 apiVersion: v1
 kind: Service
 metadata: {name: bench, namespace: default}

@@ -22,6 +22,27 @@ const PauseImage = "registry.k8s.io/pause:3.10.2"
 // AgnhostImage is the e2e suite's test server image at v1.37.2.
 const AgnhostImage = "registry.k8s.io/e2e-test-images/agnhost:2.66.1"
 
+// NetexecPodSpec is the pod spec (YAML, indented for a Deployment's or
+// StatefulSet's template.spec) of the real-node suites' backends: agnhost's
+// HTTP server, whose /hostname answers the pod's name, ready once it
+// answers, and with what users run: a pause before SIGTERM, so the endpoint
+// has left every node's rules before the process stops accepting.
+const NetexecPodSpec = `
+      terminationGracePeriodSeconds: 30
+      containers:
+      - name: netexec
+        image: ` + AgnhostImage + `
+        imagePullPolicy: IfNotPresent
+        args: ["netexec", "--http-port=8080"]
+        ports: [{containerPort: 8080}]
+        readinessProbe:
+          httpGet: {path: /hostname, port: 8080}
+          periodSeconds: 1
+        lifecycle:
+          preStop:
+            sleep: {seconds: 5}
+`
+
 // SteelyardImage is the image manifests/30-daemonset.yaml names.
 const SteelyardImage = "ghcr.io/steelyard-net/steelyard:latest"
 
