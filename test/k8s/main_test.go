@@ -467,7 +467,9 @@ func serviceChains(save, nsName string) []string {
 	return out
 }
 
-// events returns the Events about Service name in testNS.
+// events returns steelyard's Events about Service name in testNS (the API
+// server writes its own too: its ClusterIP repair loop may report a
+// Service created with a fixed clusterIP as "not allocated; repairing").
 func (e *env) events(name string) []corev1.Event {
 	e.t.Helper()
 	list, err := e.admin.CoreV1().Events(testNS).List(e.t.Context(), metav1.ListOptions{})
@@ -476,7 +478,7 @@ func (e *env) events(name string) []corev1.Event {
 	}
 	var out []corev1.Event
 	for _, ev := range list.Items {
-		if ev.InvolvedObject.Kind == "Service" && ev.InvolvedObject.Name == name {
+		if ev.InvolvedObject.Kind == "Service" && ev.InvolvedObject.Name == name && ev.Source.Component == "steelyard" {
 			out = append(out, ev)
 		}
 	}
