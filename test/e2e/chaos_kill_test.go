@@ -10,8 +10,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -165,33 +163,8 @@ func chaosKill(t *testing.T, m dpMode, kills, n int) {
 	}
 
 	// New connections to the unchanged VIP all along: 50 a second.
-	var probeOK, probeFailed atomic.Int64
-	var probeMu sync.Mutex
-	probeErrs := map[string]int{}
-	stopProbe := make(chan struct{})
-	probeDone := make(chan struct{})
-	go func() {
-		defer close(probeDone)
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stopProbe:
-				return
-			case <-tick.C:
-			}
-			if _, err := f.client.Dial("tcp", vip, time.Second); err != nil {
-				probeFailed.Add(1)
-				probeMu.Lock()
-				probeErrs[fmt.Sprintf("%s: %v", time.Now().Format("15:04:05.000"), err)]++
-				probeMu.Unlock()
-			} else {
-				probeOK.Add(1)
-			}
-		}
-	}()
-	stopProbes := sync.OnceFunc(func() { close(stopProbe); <-probeDone })
-	defer stopProbes()
+	probe := f.client.StartProber(vip, 20*time.Millisecond, time.Second)
+	defer probe.Stop()
 
 	var (
 		began             = time.Now()
@@ -277,7 +250,7 @@ func chaosKill(t *testing.T, m dpMode, kills, n int) {
 		t.Errorf("verify after the last restart: exit %d\n%s", code, out)
 	}
 	echo("after the last restart")
-	stopProbes()
+	probeOK, probeErrs := probe.Stop()
 
 	sort.Slice(restarts, func(i, j int) bool { return restarts[i] < restarts[j] })
 	sort.Slice(killAts, func(i, j int) bool { return killAts[i] < killAts[j] })
@@ -285,14 +258,9 @@ func chaosKill(t *testing.T, m dpMode, kills, n int) {
 		m.name, len(killAts), recovered.Sub(began).Round(time.Millisecond), n+1, inTool, kernelTool(m), heldNew,
 		killAts[0].Round(time.Millisecond), killAts[len(killAts)-1].Round(time.Millisecond))
 	t.Logf("%s: restart -> first sync: median %s, max %s", m.name, restarts[len(restarts)/2].Round(time.Millisecond), restarts[len(restarts)-1].Round(time.Millisecond))
-	t.Logf("%s: established connection: %d echoes; new connections to %s: %d ok, %d failed", m.name, echoes, vip, probeOK.Load(), probeFailed.Load())
-	if probeFailed.Load() > 0 {
-		var msgs []string
-		for k := range probeErrs {
-			msgs = append(msgs, k)
-		}
-		sort.Strings(msgs)
-		t.Errorf("%d new connections to the unchanged VIP failed:\n%s", probeFailed.Load(), strings.Join(msgs, "\n"))
+	t.Logf("%s: established connection: %d echoes; new connections to %s: %d ok, %d failed", m.name, echoes, vip, probeOK, len(probeErrs))
+	if len(probeErrs) > 0 {
+		t.Errorf("%d new connections to the unchanged VIP failed:\n%s", len(probeErrs), strings.Join(probeErrs, "\n"))
 	}
 	if inTool == 0 {
 		t.Errorf("no kill landed while %s ran: the test did not exercise what it is for", kernelTool(m))

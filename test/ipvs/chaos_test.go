@@ -10,8 +10,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -174,30 +172,8 @@ func TestIPVSChaos(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	var probeOK, probeFailed atomic.Int64
-	var probeMu sync.Mutex
-	var probeErrs []string
-	stop, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(50 * time.Millisecond):
-			}
-			if _, err := client.Dial("tcp", vip, 2*time.Second); err != nil {
-				probeFailed.Add(1)
-				probeMu.Lock()
-				probeErrs = append(probeErrs, time.Now().Format("15:04:05.000")+" "+err.Error())
-				probeMu.Unlock()
-			} else {
-				probeOK.Add(1)
-			}
-		}
-	}()
-	stopProbe := sync.OnceFunc(func() { close(stop); <-done })
-	defer stopProbe()
+	probe := client.StartProber(vip, 50*time.Millisecond, 2*time.Second)
+	defer probe.Stop()
 
 	t.Run("sigkill", func(t *testing.T) {
 		var mixed, heldNew int
@@ -267,10 +243,10 @@ func TestIPVSChaos(t *testing.T) {
 	if err := conn.Echo("after the kills and restarts", 3*time.Second); err != nil {
 		t.Errorf("established connection after the kills and restarts: %v", err)
 	}
-	stopProbe()
-	t.Logf("new connections to %s during kills and restarts: %d ok, %d failed", vip, probeOK.Load(), probeFailed.Load())
-	if probeFailed.Load() > 0 {
-		t.Errorf("%d new connections to the unchanged Service failed:\n%s", probeFailed.Load(), strings.Join(probeErrs, "\n"))
+	probeOK, probeErrs := probe.Stop()
+	t.Logf("new connections to %s during kills and restarts: %d ok, %d failed", vip, probeOK, len(probeErrs))
+	if len(probeErrs) > 0 {
+		t.Errorf("%d new connections to the unchanged Service failed:\n%s", len(probeErrs), strings.Join(probeErrs, "\n"))
 	}
 
 	t.Run("ipvsadm-C", func(t *testing.T) {

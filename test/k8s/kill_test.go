@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -166,36 +165,8 @@ func TestKillDuringSync(t *testing.T) {
 	echo("before the first kill")
 
 	// New connections to the echo VIP all along: 50 a second.
-	var probeOK, probeFailed atomic.Int64
-	probeErrs := sync.Map{}
-	stopProbe := make(chan struct{})
-	probeDone := make(chan struct{})
-	go func() {
-		defer close(probeDone)
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stopProbe:
-				return
-			case <-tick.C:
-			}
-			if _, err := e.client.Dial("tcp", vipPort(echoVIP), time.Second); err != nil {
-				probeFailed.Add(1)
-				probeErrs.Store(err.Error(), true)
-			} else {
-				probeOK.Add(1)
-			}
-		}
-	}()
-	defer func() {
-		select {
-		case <-stopProbe:
-		default:
-			close(stopProbe)
-		}
-		<-probeDone
-	}()
+	probe := e.client.StartProber(vipPort(echoVIP), 20*time.Millisecond, time.Second)
+	defer probe.Stop()
 
 	h := newHistory(svcs, slices)
 	var (
@@ -304,8 +275,7 @@ func TestKillDuringSync(t *testing.T) {
 	restarts = append(restarts, time.Since(t0))
 	took := e.waitVerify(30 * time.Second)
 	echo("after the last restart")
-	close(stopProbe)
-	<-probeDone
+	probeOK, probeErrs := probe.Stop()
 
 	t.Logf("%d kills: %d with an iptables-restore of the agent running, kernel held the newest state %d times, at most %d changes behind otherwise; %d changes in all",
 		kills, inRestore, newest, maxBehind, h.len()-1)
@@ -314,11 +284,9 @@ func TestKillDuringSync(t *testing.T) {
 		restarts[len(restarts)/2].Round(time.Millisecond), restarts[len(restarts)-1].Round(time.Millisecond), took.Round(time.Millisecond))
 	logSyncTimes(t, e.sb.Agents())
 	t.Logf("established connection: %d echoes, all answered; new connections to %s during kills and restarts: %d ok, %d failed",
-		echoes, echoVIP, probeOK.Load(), probeFailed.Load())
-	if probeFailed.Load() > 0 {
-		var msgs []string
-		probeErrs.Range(func(k, _ any) bool { msgs = append(msgs, k.(string)); return true })
-		t.Errorf("%d new connections to the unchanged VIP failed: %v", probeFailed.Load(), msgs)
+		echoes, echoVIP, probeOK, len(probeErrs))
+	if len(probeErrs) > 0 {
+		t.Errorf("%d new connections to the unchanged VIP failed:\n%s", len(probeErrs), strings.Join(probeErrs, "\n"))
 	}
 	if inRestore == 0 {
 		t.Errorf("no kill landed while an iptables-restore ran: the test did not exercise what it is for")
