@@ -73,22 +73,19 @@ type Cluster struct {
 	// Binaries in use.
 	Binaries Binaries
 
-	opts        Options
-	cgroup      string
-	mntns       string
-	madeEtcCNI  []string
-	tunables    map[string]string
-	proxy       *connectProxy
-	stopForward func()
+	opts         Options
+	cgroup       string
+	mntns        string
+	madeEtcCNI   []string
+	tunablesHeld bool
+	proxy        *connectProxy
+	stopForward  func()
 
 	mu         sync.Mutex
 	components []*controlplane.Component // start order; Stop goes in reverse
 	kubelet    *controlplane.Component
 	stopped    bool
 }
-
-// tunablesFile, in Dir, holds the host tunables as recorded before kubelet.
-const tunablesFile = "host-tunables"
 
 // madeDirsFile, in Dir, lists the mount points Start created on the host.
 const madeDirsFile = "made-dirs"
@@ -289,19 +286,16 @@ func (c *Cluster) startControllers() error {
 // prepareNode makes the node's cgroup, its mount namespace and its CNI
 // directories, and records the host tunables.
 func (c *Cluster) prepareNode() error {
-	var err error
-	if c.tunables, err = recordTunables(); err != nil {
-		return err
+	// One record for the machine (tunables.go); a killed owner's share is
+	// pruned by the next Acquire.
+	restored, err := hostStore.Acquire(filepath.Base(c.Dir))
+	if len(restored) > 0 {
+		c.logf("cluster: restored host tunables of a killed owner: %s", strings.Join(restored, ", "))
 	}
-	// Kept on disk too: if this process is killed, the next Start puts
-	// them back (removeOrphans) before it records its own.
-	var lines []string
-	for k, v := range c.tunables {
-		lines = append(lines, k+"="+v)
+	if err != nil {
+		return fmt.Errorf("host tunables: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(c.Dir, tunablesFile), []byte(strings.Join(lines, "\n")), 0o644); err != nil {
-		return err
-	}
+	c.tunablesHeld = true
 	if err := makeCgroup(c.cgroup + "/runtime"); err != nil {
 		return fmt.Errorf("cgroup: %w", err)
 	}
@@ -570,8 +564,8 @@ func (c *Cluster) Stop() error {
 			errs = append(errs, err)
 		}
 	}
-	if c.tunables != nil {
-		restored, err := restoreTunables(c.tunables)
+	if c.tunablesHeld {
+		restored, err := hostStore.Release(filepath.Base(c.Dir))
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -625,17 +619,6 @@ func removeOrphans(logf func(string, ...any)) {
 		if dead(filepath.Base(d)) {
 			logf("cluster: removing orphan %s", d)
 			_ = unmountUnder(d)
-			if b, err := os.ReadFile(filepath.Join(d, tunablesFile)); err == nil {
-				vals := map[string]string{}
-				for _, l := range strings.Split(string(b), "\n") {
-					if k, v, ok := strings.Cut(l, "="); ok {
-						vals[k] = v
-					}
-				}
-				if restored, _ := restoreTunables(vals); len(restored) > 0 {
-					logf("cluster: restored host tunables of a killed owner: %s", strings.Join(restored, ", "))
-				}
-			}
 			if made, err := os.ReadFile(filepath.Join(d, madeDirsFile)); err == nil && !handOverMadeDirs(d, strings.Fields(string(made))) {
 				dirs := strings.Fields(string(made))
 				for i := len(dirs) - 1; i >= 0; i-- {
@@ -644,6 +627,9 @@ func removeOrphans(logf func(string, ...any)) {
 			}
 			_ = os.RemoveAll(d)
 		}
+	}
+	if restored, _ := hostStore.Prune(); len(restored) > 0 {
+		logf("cluster: restored host tunables of a killed owner: %s", strings.Join(restored, ", "))
 	}
 	_ = sandbox.RemoveLeftovers("syn", logf)
 }

@@ -154,53 +154,6 @@ func removeCgroup(name string) error {
 	return errors.Join(errs...)
 }
 
-// hostTunables are the host-wide sysctls kubelet sets at start
-// (pkg/kubelet/cm's setupKernelTunables): not namespaced, so the harness
-// records them first and puts them back at teardown.
-var hostTunables = []string{
-	"vm/overcommit_memory",
-	"vm/panic_on_oom",
-	"kernel/panic",
-	"kernel/panic_on_oops",
-	"kernel/keys/root_maxkeys",
-	"kernel/keys/root_maxbytes",
-}
-
-// recordTunables reads hostTunables.
-func recordTunables() (map[string]string, error) {
-	vals := map[string]string{}
-	for _, k := range hostTunables {
-		b, err := os.ReadFile("/proc/sys/" + k)
-		if err != nil {
-			return nil, err
-		}
-		vals[k] = strings.TrimSpace(string(b))
-	}
-	return vals, nil
-}
-
-// restoreTunables writes back the recorded values that changed, and returns
-// which ones it restored.
-func restoreTunables(vals map[string]string) (restored []string, err error) {
-	var errs []error
-	for _, k := range hostTunables {
-		want, ok := vals[k]
-		if !ok {
-			continue
-		}
-		b, err := os.ReadFile("/proc/sys/" + k)
-		if err == nil && strings.TrimSpace(string(b)) == want {
-			continue
-		}
-		if err := os.WriteFile("/proc/sys/"+k, []byte(want), 0o644); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		restored = append(restored, fmt.Sprintf("%s=%s (was %s)", strings.ReplaceAll(k, "/", "."), want, strings.TrimSpace(string(b))))
-	}
-	return restored, errors.Join(errs...)
-}
-
 // mountsUnder returns the mount points at or below dir in this mount
 // namespace, deepest first.
 func mountsUnder(dir string) []string {
