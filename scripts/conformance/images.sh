@@ -50,14 +50,14 @@ if [[ ! -s $agnhost ]]; then
 	"$tmp/imagebuild" --name "$agnhost_ref" --out "$agnhost" --layer "$rootfs" \
 		--file "$tmp/agnhost:/agnhost:0755" --file "$src/localhost.crt:/localhost.crt:0644" \
 		--file "$src/localhost.key:/localhost.key:0644" --entrypoint /agnhost --cmd pause
-	ls -t "$dir"/agnhost-e2e-*.tar 2>/dev/null | tail -n +3 | xargs -r rm -f # older keys are garbage
+	find "$dir" -maxdepth 1 -name 'agnhost-e2e-*.tar' -mmin +720 -delete # older keys are garbage; by age, so a concurrent checkout keeps its own
 	echo "conformance images: agnhost with a userland built in $((SECONDS - t0)) s" >&2
 fi
 
 busybox=$dir/busybox-e2e-$(basename "$rootfs" .tar | sed 's/^rootfs-//').tar
 if [[ ! -s $busybox ]]; then
 	"$tmp/imagebuild" --name "$busybox_ref" --out "$busybox" --layer "$rootfs" --cmd sh
-	ls -t "$dir"/busybox-e2e-*.tar 2>/dev/null | tail -n +3 | xargs -r rm -f
+	find "$dir" -maxdepth 1 -name 'busybox-e2e-*.tar' -mmin +720 -delete # by age: a concurrent checkout keeps its own
 	echo "conformance images: busybox (the userland) built" >&2
 fi
 
@@ -71,7 +71,10 @@ if [[ ! -s $coredns ]]; then
 		--file "$tmp/coredns:/coredns:0755" --entrypoint /coredns
 	echo "conformance images: coredns $version built in $((SECONDS - t0)) s" >&2
 fi
-ln -sfn "$(basename "$agnhost")" "$dir/agnhost-e2e.tar"
-ln -sfn "$(basename "$coredns")" "$dir/coredns.tar"
-ln -sfn "$(basename "$busybox")" "$dir/busybox.tar"
-echo "$dir"
+# The set, in this checkout (as scripts/node/images.sh does).
+set_dir=$(cd "$here/../.." && pwd)/bin/conformance-images
+mkdir -p "$set_dir"
+ln -sfn "$agnhost" "$set_dir/agnhost-e2e.tar"
+ln -sfn "$coredns" "$set_dir/coredns.tar"
+ln -sfn "$busybox" "$set_dir/busybox.tar"
+echo "$set_dir"

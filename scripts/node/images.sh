@@ -75,12 +75,17 @@ if [[ ! -s $steelyard ]]; then
 		--file "$tmp/steelyard:/usr/local/bin/steelyard:0755" \
 		--file "$tmp/steelyard-cni:/usr/local/bin/steelyard-cni:0755" \
 		--entrypoint /usr/local/bin/steelyard --cmd run
-	# Older steelyard images are garbage: keep the newest few.
-	ls -t "$dir"/steelyard-*.tar 2>/dev/null | tail -n +4 | xargs -r rm -f
+	# Older steelyard images are garbage; by age, not count, so another
+	# checkout building at the same time keeps the one its set points at.
+	find "$dir" -maxdepth 1 -name 'steelyard-*.tar' -mmin +720 -delete
 	echo "images: steelyard image built in $(($(date +%s) - t0)) s" >&2
 fi
-# The set the node imports: one file per image, named by role.
-ln -sfn "$(basename "$pause")" "$dir/pause.tar"
-ln -sfn "$(basename "$agnhost")" "$dir/agnhost.tar"
-ln -sfn "$(basename "$steelyard")" "$dir/steelyard.tar"
-echo "$dir"
+# The set the node imports: one file per image, named by role, in this
+# checkout (bin/images), so that checkouts building at once each test their
+# own tree (a shared set in the cache was repointed by whoever built last).
+set_dir=$repo/bin/images
+mkdir -p "$set_dir"
+ln -sfn "$pause" "$set_dir/pause.tar"
+ln -sfn "$agnhost" "$set_dir/agnhost.tar"
+ln -sfn "$steelyard" "$set_dir/steelyard.tar"
+echo "$set_dir"
