@@ -75,8 +75,9 @@ kubectl -n steelyard create configmap steelyard-apiserver \
 kubectl -n steelyard patch configmap steelyard-config --type=merge -p '{"data":{"CLUSTER_CIDR":"198.19.64.0/18"}}' >/dev/null
 kubectl -n steelyard patch ds steelyard --type=json -p '[
  {"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--gateway"},
- {"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--gateway-address-pool='"$pool"'"},
- {"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--ingress"}]' >/dev/null
+ {"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--gateway-address-pool='"$pool"'"}]' >/dev/null
+# --ingress as documented: its flags and nginx's capabilities.
+kubectl -n steelyard patch ds steelyard --type=json --patch-file "$repo/manifests/ingress/patch/ingress-on.json" >/dev/null
 kubectl -n steelyard rollout status ds/steelyard --timeout=3m >/dev/null
 kubectl wait --for=condition=Accepted --timeout=60s gatewayclass/steelyard >/dev/null
 log "steelyard running with --gateway --ingress; running the suite ($profiles)"

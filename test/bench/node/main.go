@@ -109,9 +109,8 @@ func run(manifests string, rate int, probe string, probeP99, duration, timeout t
 			log.Printf("teardown: %v", err)
 		}
 	}()
-	// The documented opt-in (manifests/ingress/10-rbac.yaml).
-	if err := c.Install(ctx, []string{manifests, manifests + "/ingress"}, nil,
-		"--ingress", "--ingress-configmap=steelyard/steelyard-ingress-nginx", "--ingress-upstreams="+modes[0]); err != nil {
+	// The documented opt-in (manifests/ingress/, its patch/ingress-on.json).
+	if err := c.Install(ctx, []string{manifests, manifests + "/ingress"}, nil, "--ingress-upstreams="+modes[0]); err != nil {
 		return nil, fmt.Errorf("install: %w\n%s", err, c.Logs(30))
 	}
 	client, err := c.Sandbox.AddClient(netip.Addr{})

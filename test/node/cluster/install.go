@@ -16,8 +16,10 @@ import (
 // each of dirs (manifests/, and further folders such as manifests/ingress/),
 // give the agent the API server's address (the kubernetes Service's VIP
 // needs steelyard itself), set the pod CIDR and the extra keys of config
-// (steelyard-config, for example MODE), append agentArgs to the agent's
-// arguments (the documented opt-ins such as --ingress), roll the DaemonSet
+// (steelyard-config, for example MODE), apply each dir's documented
+// DaemonSet patches (dir/patch/*.json, such as manifests/ingress/patch/
+// ingress-on.json: --ingress and nginx's capabilities), append agentArgs
+// to the agent's arguments, roll the DaemonSet
 // and wait for it.
 func (c *Cluster) Install(ctx context.Context, dirs []string, config map[string]string, agentArgs ...string) error {
 	data := map[string]string{"CLUSTER_CIDR": PodCIDR.String()}
@@ -38,6 +40,12 @@ func (c *Cluster) Install(ctx context.Context, dirs []string, config map[string]
 			fmt.Sprintf("--from-literal=KUBERNETES_SERVICE_PORT=%d", c.APIPort)},
 		[]string{"-n", "steelyard", "patch", "configmap", "steelyard-config", "--type=merge", "-p", string(patch)},
 	)
+	for _, d := range dirs {
+		patches, _ := filepath.Glob(filepath.Join(d, "patch", "*.json"))
+		for _, p := range patches {
+			steps = append(steps, []string{"-n", "steelyard", "patch", "ds", "steelyard", "--type=json", "--patch-file", p})
+		}
+	}
 	if len(agentArgs) > 0 {
 		steps = append(steps, AddAgentArgs(agentArgs...))
 	}
