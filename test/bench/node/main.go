@@ -99,7 +99,7 @@ type bench struct {
 
 func run(manifests string, rate int, probe string, probeP99, duration, timeout time.Duration, modes []string) (*result.Report, error) {
 	ctx := context.Background()
-	rep := &result.Report{Date: time.Now().UTC().Format(time.RFC3339), CPUs: runtime.NumCPU(), Seconds: duration.Seconds(), Bucket: bucket.Seconds()}
+	rep := &result.Report{Date: time.Now().UTC().Format(time.RFC3339), CPUs: runtime.NumCPU(), Seconds: duration.Seconds(), Bucket: bucket.Seconds(), PreStopSeconds: cluster.NetexecPreStopSeconds}
 	c, err := cluster.Start(ctx, cluster.Options{Logf: log.Printf})
 	if err != nil {
 		return nil, err

@@ -22,6 +22,11 @@ const PauseImage = "registry.k8s.io/pause:3.10.2"
 // AgnhostImage is the e2e suite's test server image at v1.37.2.
 const AgnhostImage = "registry.k8s.io/e2e-test-images/agnhost:2.66.1"
 
+// NetexecPreStopSeconds is NetexecPodSpec's preStop pause: its pods are
+// torn down (process, sandbox, network namespace) this long after the
+// scale-down that removed them.
+const NetexecPreStopSeconds = 5 // = the sleep in NetexecPodSpec (TestNetexecPreStop)
+
 // NetexecPodSpec is the pod spec (YAML, indented for a Deployment's or
 // StatefulSet's template.spec) of the real-node suites' backends: agnhost's
 // HTTP server, whose /hostname answers the pod's name, ready once it

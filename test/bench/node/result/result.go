@@ -18,7 +18,9 @@ type Report struct {
 	Seconds float64 `json:"seconds"`
 	// Bucket is the width of a Series point in seconds.
 	Bucket float64 `json:"bucket"`
-	Runs   []Run   `json:"runs"`
+	// PreStopSeconds is the backends' preStop pause (0 in older reports).
+	PreStopSeconds float64 `json:"prestop_seconds,omitempty"`
+	Runs           []Run   `json:"runs"`
 }
 
 // Step is one rate of the probe.

@@ -52,6 +52,7 @@ func Table(w io.Writer, r *Report) {
 			x.Upstreams, x.Phase, x.Slow, pc(x.SlowNearScale), Coverage(scales, r.Seconds), pc(x.SlowNearSlice), Coverage(x.SliceChanges, r.Seconds),
 			pc(x.SlowNearSync), Coverage(x.SyncTimes, r.Seconds), pc(x.SlowNearReload), Coverage(x.ReloadTimes, r.Seconds), pc(x.SlowBusy))
 	}
+	LifecycleTable(w, r)
 	fmt.Fprintln(w, "\nerrors by class, and nginx's upstream errors (its error log) by cause:")
 	for _, x := range r.Runs {
 		fmt.Fprintf(w, "  %s %s: %v; nginx %v\n", x.Upstreams, x.Phase, x.ErrClasses, x.NginxErrors)
