@@ -18,20 +18,9 @@ dir=$cache/cni-plugins-$version
 go=${GO:-go}
 plugins=(main/bridge main/loopback ipam/host-local meta/portmap)
 
-force=false
-for arg in "$@"; do
-	case $arg in
-	--force) force=true ;;
-	-h | --help)
-		sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
-		exit 0
-		;;
-	*)
-		echo "cni-plugins.sh: unknown argument $arg (try --help)" >&2
-		exit 2
-		;;
-	esac
-done
+# shellcheck source=lib/args.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/args.sh"
+cache_args 12 "$@"
 
 cached() {
 	local p

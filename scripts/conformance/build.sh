@@ -18,20 +18,9 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cp=$here/../control-plane
 cache=${STEELYARD_CACHE:-$HOME/.cache/steelyard}
 go=${GO:-go}
-force=false
-for arg in "$@"; do
-	case $arg in
-	--force) force=true ;;
-	-h | --help)
-		sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
-		exit 0
-		;;
-	*)
-		echo "build.sh: unknown argument $arg (try --help)" >&2
-		exit 2
-		;;
-	esac
-done
+# shellcheck source=../lib/args.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/args.sh"
+cache_args 14 "$@"
 
 # shellcheck source=../control-plane/lib.sh
 . "$cp/lib.sh"

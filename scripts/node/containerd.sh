@@ -21,20 +21,9 @@ go=${GO:-go}
 mod=github.com/containerd/containerd/v2
 bins=(containerd containerd-shim-runc-v2 ctr)
 
-force=false
-for arg in "$@"; do
-	case $arg in
-	--force) force=true ;;
-	-h | --help)
-		sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
-		exit 0
-		;;
-	*)
-		echo "containerd.sh: unknown argument $arg (try --help)" >&2
-		exit 2
-		;;
-	esac
-done
+# shellcheck source=../lib/args.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/args.sh"
+cache_args 14 "$@"
 
 cached() {
 	local b
