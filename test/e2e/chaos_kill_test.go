@@ -142,7 +142,7 @@ func chaosKill(t *testing.T, m dpMode, kills, n int) {
 		t.Fatalf("verify after the first sync: exit %d\n%s", code, out)
 	}
 	t.Logf("%s: first sync of %d Services %s after start", m.name, n+1, first.Round(time.Millisecond))
-	nodeIno, err := netnsInode("/run/netns/" + f.sb.Node.Name)
+	nodeNS, err := sandbox.NetnsOf("/run/netns/" + f.sb.Node.Name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +216,7 @@ func chaosKill(t *testing.T, m dpMode, kills, n int) {
 		// Pdeathsig); look at the kernel once it is done.
 		var left []string
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(2 * time.Millisecond) {
-			if left = processesIn(nodeIno); len(left) == 0 || time.Now().After(deadline) {
+			if left, _ = sandbox.ProcessesIn(nodeNS); len(left) == 0 || time.Now().After(deadline) {
 				break
 			}
 		}

@@ -41,39 +41,6 @@ func envInt(name string, def int) int {
 	return def
 }
 
-// netnsInode returns the inode that identifies a network namespace file
-// (/run/netns/<name> or /proc/<pid>/ns/net).
-func netnsInode(path string) (uint64, error) {
-	var st syscall.Stat_t
-	if err := syscall.Stat(path, &st); err != nil {
-		return 0, err
-	}
-	return st.Ino, nil
-}
-
-// processesIn returns "pid cmdline" of the live (not zombie) processes
-// whose network namespace is the one with inode ino.
-func processesIn(ino uint64) []string {
-	var out []string
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if got, err := netnsInode(fmt.Sprintf("/proc/%d/ns/net", pid)); err != nil || got != ino {
-			continue
-		}
-		stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if s := string(stat); strings.Contains(s, ") Z ") {
-			continue
-		}
-		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		out = append(out, fmt.Sprintf("%d %s", pid, strings.ReplaceAll(strings.TrimSpace(string(cmd)), "\x00", " ")))
-	}
-	return out
-}
-
 // childNamed returns the PID of a child of parent whose command line starts
 // with a program named name, or 0.
 func childNamed(parent int, name string) int {
@@ -179,7 +146,7 @@ func signalMidSync(t *testing.T, child string, modeArgs []string, sig syscall.Si
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Logf("first sync of %d Services done %s after start", n, time.Since(start).Round(time.Millisecond))
-	nodeIno, err := netnsInode(fmt.Sprintf("/proc/%d/ns/net", a.Pid()))
+	nodeNS, err := sandbox.NetnsOf(fmt.Sprintf("/proc/%d/ns/net", a.Pid()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +194,7 @@ func signalMidSync(t *testing.T, child string, modeArgs []string, sig syscall.Si
 	}
 	var left []string
 	for deadline := time.Now().Add(500 * time.Millisecond); ; time.Sleep(20 * time.Millisecond) {
-		if left = processesIn(nodeIno); len(left) == 0 || time.Now().After(deadline) {
+		if left, _ = sandbox.ProcessesIn(nodeNS); len(left) == 0 || time.Now().After(deadline) {
 			break
 		}
 	}

@@ -8,13 +8,34 @@ import (
 	"syscall"
 )
 
+// NetnsID identifies a network namespace by its nsfs inode, which stays
+// valid while any process holds the namespace, even after its name in
+// /run/netns is gone.
+type NetnsID struct{ Dev, Ino uint64 }
+
+// NetnsOf returns the ID of the namespace file at path (/run/netns/<name>
+// or /proc/<pid>/ns/net).
+func NetnsOf(path string) (NetnsID, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return NetnsID{}, err
+	}
+	return NetnsID{Dev: st.Dev, Ino: st.Ino}, nil
+}
+
 // Processes returns "pid cmdline" of the live (not zombie) processes whose
 // network namespace is n: what an agent left behind after it exited.
 func (n *NS) Processes() ([]string, error) {
-	var st syscall.Stat_t
-	if err := syscall.Stat(n.path, &st); err != nil {
+	id, err := NetnsOf(n.path)
+	if err != nil {
 		return nil, err
 	}
+	return ProcessesIn(id)
+}
+
+// ProcessesIn returns "pid cmdline" of the live (not zombie) processes
+// whose network namespace is id.
+func ProcessesIn(id NetnsID) ([]string, error) {
 	var out []string
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
@@ -25,8 +46,7 @@ func (n *NS) Processes() ([]string, error) {
 		if err != nil {
 			continue
 		}
-		var pst syscall.Stat_t
-		if err := syscall.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &pst); err != nil || pst.Ino != st.Ino || pst.Dev != st.Dev {
+		if got, err := NetnsOf(fmt.Sprintf("/proc/%d/ns/net", pid)); err != nil || got != id {
 			continue
 		}
 		stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
