@@ -12,16 +12,23 @@
 #   PROBE=500,1000,2000,3000,4000 (a step saturates on an error, a p99 over
 #                   100 ms or a sender 50 ms behind)
 #   DURATION=120    seconds per run (four runs)
+#   MODES=vip,pods  upstream modes (--ingress-upstreams)
+#   PHASES=steady,churn  runs per mode; "bystander" adds the control: the
+#                   backends steady while a Deployment behind no Service
+#                   scales 5 <-> 7 on the same node (OUT elsewhere, e.g.
+#                   MODES=vip PHASES=steady,churn,bystander OUT=/tmp/control)
 #   OUT=docs/bench-node   report and picture (.json, .svg)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RATE=${RATE:-0}
 PROBE=${PROBE:-500,1000,2000,3000,4000}
 DURATION=${DURATION:-120}
+MODES=${MODES:-vip,pods}
+PHASES=${PHASES:-steady,churn}
 OUT=${OUT:-docs/bench-node}
 GO=${GO:-go}
 mkdir -p bin
 "$GO" build -o bin/node-bench ./test/bench/node
 "$GO" build -o bin/node-plot ./test/bench/node/plot
-bin/node-bench -rate "$RATE" -probe "$PROBE" -duration "${DURATION}s" -o "$OUT.json"
+bin/node-bench -rate "$RATE" -probe "$PROBE" -duration "${DURATION}s" -modes "$MODES" -phases "$PHASES" -o "$OUT.json"
 bin/node-plot -o "$OUT.svg" <"$OUT.json"

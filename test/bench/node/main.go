@@ -33,6 +33,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -59,6 +60,7 @@ func main() {
 		duration  = flag.Duration("duration", 2*time.Minute, "length of each run")
 		timeout   = flag.Duration("timeout", 2*time.Second, "a request unanswered after this is an error")
 		modes     = flag.String("modes", "vip,pods", "upstream modes to run")
+		phases    = flag.String("phases", "steady,churn", "runs per mode: steady, churn (the backends scale 5 <-> 7), bystander (a Deployment not behind the Service scales so: the control)")
 		out       = flag.String("o", "docs/bench-node.json", "JSON report")
 	)
 	flag.Parse()
@@ -75,7 +77,13 @@ func main() {
 		sandbox.CloseAll()
 		os.Exit(130)
 	}()
-	rep, err := run(*manifests, *rate, *probe, *probeP99, *duration, *timeout, strings.Split(*modes, ","))
+	for _, p := range strings.Split(*phases, ",") {
+		if p != "steady" && p != "churn" && p != "bystander" {
+			fmt.Fprintf(os.Stderr, "node-bench: unknown phase %q (steady, churn, bystander)\n", p)
+			os.Exit(2)
+		}
+	}
+	rep, err := run(*manifests, *rate, *probe, *probeP99, *duration, *timeout, strings.Split(*modes, ","), strings.Split(*phases, ","))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "node-bench:", err)
 		os.Exit(1)
@@ -97,7 +105,7 @@ type bench struct {
 	timeout time.Duration
 }
 
-func run(manifests string, rate int, probe string, probeP99, duration, timeout time.Duration, modes []string) (*result.Report, error) {
+func run(manifests string, rate int, probe string, probeP99, duration, timeout time.Duration, modes, phases []string) (*result.Report, error) {
 	ctx := context.Background()
 	rep := &result.Report{Date: time.Now().UTC().Format(time.RFC3339), CPUs: runtime.NumCPU(), Seconds: duration.Seconds(), Bucket: bucket.Seconds(), PreStopSeconds: cluster.NetexecPreStopSeconds}
 	c, err := cluster.Start(ctx, cluster.Options{Logf: log.Printf})
@@ -118,7 +126,7 @@ func run(manifests string, rate int, probe string, probeP99, duration, timeout t
 		return nil, err
 	}
 	b := &bench{c: c, timeout: timeout, http: httpClient(client, c.NodeIP.String()+":80", 256, timeout), metrics: httpClient(client, c.NodeIP.String()+":10279", 2, 2*time.Second)}
-	if err := b.workload(ctx); err != nil {
+	if err := b.workload(ctx, slices.Contains(phases, "bystander")); err != nil {
 		return nil, err
 	}
 	for i, mode := range modes {
@@ -135,7 +143,7 @@ func run(manifests string, rate int, probe string, probeP99, duration, timeout t
 			log.Printf("probe: %d requests/s", rate)
 		}
 		rep.Rate = rate
-		for _, phase := range []string{"steady", "churn"} {
+		for _, phase := range phases {
 			r, err := b.run(ctx, mode, phase, rate, duration)
 			if err != nil {
 				return nil, err
@@ -172,8 +180,9 @@ func httpClient(ns *sandbox.NS, target string, conns int, timeout time.Duration)
 	return &http.Client{Transport: tr, Timeout: timeout}
 }
 
-// workload is the Deployment, its Service and the Ingress.
-func (b *bench) workload(ctx context.Context) error {
+// workload is the Deployment, its Service and the Ingress, and with
+// bystander a second Deployment of the same pods that no Service selects.
+func (b *bench) workload(ctx context.Context, bystander bool) error {
 	doc := `apiVersion: apps/v1
 kind: Deployment
 metadata: {name: bench, namespace: default}
@@ -201,6 +210,18 @@ spec:
       paths:
       - {path: /, pathType: Prefix, backend: {service: {name: bench, port: {number: 80}}}}
 `
+	if bystander {
+		doc += `---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: bystander, namespace: default}
+spec:
+  replicas: 5
+  selector: {matchLabels: {app: bystander}}
+  template:
+    metadata: {labels: {app: bystander}}
+    spec:` + cluster.NetexecPodSpec
+	}
 	f, err := os.CreateTemp("", "node-bench-*.yaml")
 	if err != nil {
 		return err
@@ -213,14 +234,19 @@ spec:
 	if _, err := b.c.Kubectl(ctx, "apply", "-f", f.Name()); err != nil {
 		return err
 	}
-	return b.settle(ctx, 5)
+	if bystander {
+		if err := b.settle(ctx, "bystander", 5); err != nil {
+			return err
+		}
+	}
+	return b.settle(ctx, "bench", 5)
 }
 
-// settle waits until the Deployment has n Ready pods and no others.
-func (b *bench) settle(ctx context.Context, n int) error {
+// settle waits until the Deployment app has n Ready pods and no others.
+func (b *bench) settle(ctx context.Context, app string, n int) error {
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
-		pods, err := b.c.Client().CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=bench"})
+		pods, err := b.c.Client().CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=" + app})
 		if err == nil {
 			ready := 0
 			for _, p := range pods.Items {
@@ -235,7 +261,7 @@ func (b *bench) settle(ctx context.Context, n int) error {
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("deployment bench: not %d Ready pods after 3 minutes", n)
+			return fmt.Errorf("deployment %s: not %d Ready pods after 3 minutes", app, n)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
@@ -318,8 +344,17 @@ const slow = 50 * time.Millisecond
 // watchers of EndpointSlices, reloads and CPU.
 func (b *bench) run(ctx context.Context, mode, phase string, rate int, duration time.Duration) (result.Run, error) {
 	r := result.Run{Upstreams: mode, Phase: phase, SlowMS: ms(slow)}
-	if err := b.settle(ctx, 5); err != nil {
+	if err := b.settle(ctx, "bench", 5); err != nil {
 		return r, err
+	}
+	// What scales: the backends, or for the control the bystanders (the
+	// same pods, created and torn down on the same node, behind no VIP).
+	scaled := "bench"
+	if phase == "bystander" {
+		scaled = "bystander"
+		if err := b.settle(ctx, scaled, 5); err != nil {
+			return r, err
+		}
 	}
 	m0, err := b.metricsNow()
 	if err != nil {
@@ -413,7 +448,7 @@ func (b *bench) run(ctx context.Context, mode, phase string, rate int, duration 
 	}()
 	// Churn: 5 <-> 7 every 10, 11, 12 s.
 	churnErr := make(chan error, 1)
-	if phase == "churn" {
+	if phase != "steady" {
 		go func() {
 			replicas := 5
 			for i := 0; ; i++ {
@@ -429,8 +464,8 @@ func (b *bench) run(ctx context.Context, mode, phase string, rate int, duration 
 				}
 				replicas = 12 - replicas
 				at := time.Now()
-				if _, err := b.c.Client().AppsV1().Deployments("default").UpdateScale(ctx, "bench",
-					&autoscalingv1.Scale{ObjectMeta: metav1.ObjectMeta{Name: "bench", Namespace: "default"}, Spec: autoscalingv1.ScaleSpec{Replicas: int32(replicas)}}, metav1.UpdateOptions{}); err != nil {
+				if _, err := b.c.Client().AppsV1().Deployments("default").UpdateScale(ctx, scaled,
+					&autoscalingv1.Scale{ObjectMeta: metav1.ObjectMeta{Name: scaled, Namespace: "default"}, Spec: autoscalingv1.ScaleSpec{Replicas: int32(replicas)}}, metav1.UpdateOptions{}); err != nil {
 					churnErr <- err
 					return
 				}

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"image/color"
 	"os"
+	"slices"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -45,8 +46,16 @@ func main() {
 	// Headroom above the data for the legend and the scale labels.
 	top := hi * 1.5
 	hi *= 20
-	phases := []string{"steady", "churn"}
-	modes := []string{"vip", "pods"}
+	// The panels: the report's upstream modes down, its phases across.
+	var phases, modes []string
+	for _, r := range rep.Runs {
+		if !slices.Contains(modes, r.Upstreams) {
+			modes = append(modes, r.Upstreams)
+		}
+		if !slices.Contains(phases, r.Phase) {
+			phases = append(phases, r.Phase)
+		}
+	}
 	plots := make([][]*plot.Plot, len(modes)+1)
 	for i, mode := range modes {
 		plots[i] = make([]*plot.Plot, len(phases))

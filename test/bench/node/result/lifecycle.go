@@ -106,15 +106,15 @@ func LifecycleTable(w io.Writer, r *Report) {
 	if r.PreStopSeconds == 0 {
 		return
 	}
-	fmt.Fprintf(w, "\nchurn runs by where the pods are in their life (%.1f-s buckets; preStop %.0f s):\n", r.Bucket, r.PreStopSeconds)
+	fmt.Fprintf(w, "\nchurn and bystander runs by where the pods are in their life (%.1f-s buckets; preStop %.0f s):\n", r.Bucket, r.PreStopSeconds)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "upstreams\twindow\tbuckets\tworst >= 50 ms\tworst\tmean p99\tmean CPU")
+	fmt.Fprintln(tw, "upstreams\trun\twindow\tbuckets\tworst >= 50 ms\tworst\tmean p99\tmean CPU")
 	for _, run := range r.Runs {
-		if run.Phase != "churn" {
+		if run.Phase == "steady" {
 			continue
 		}
 		for _, s := range Lifecycle(run, r.Bucket, r.PreStopSeconds) {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d (%.0f%%)\t%.0f ms\t%.1f ms\t%.0f%%\n", run.Upstreams, s.Window, s.Buckets, s.Slow, 100*float64(s.Slow)/float64(s.Buckets), s.WorstMS, s.MeanP99MS, s.MeanCPU)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d (%.0f%%)\t%.0f ms\t%.1f ms\t%.0f%%\n", run.Upstreams, run.Phase, s.Window, s.Buckets, s.Slow, 100*float64(s.Slow)/float64(s.Buckets), s.WorstMS, s.MeanP99MS, s.MeanCPU)
 		}
 	}
 	tw.Flush()

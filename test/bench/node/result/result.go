@@ -43,7 +43,9 @@ type Step struct {
 type Run struct {
 	// Upstreams is "vip" or "pods" (--ingress-upstreams).
 	Upstreams string `json:"upstreams"`
-	// Phase is "steady" (5 replicas throughout) or "churn" (5 <-> 7).
+	// Phase is "steady" (5 replicas throughout), "churn" (5 <-> 7) or
+	// "bystander" (the backends steady while a Deployment behind no
+	// Service scales 5 <-> 7 on the same node: the control for churn).
 	Phase      string         `json:"phase"`
 	Requests   int            `json:"requests"`
 	Errors     int            `json:"errors"`
