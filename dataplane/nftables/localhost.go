@@ -27,6 +27,7 @@ func (p *Proxier) localhost(tx txn) {
 		Hook: knftables.PtrTo(knftables.InputHook), Priority: knftables.PtrTo(knftables.FilterPriority)}
 	tx.Add(base)
 	if !p.localhostOn() {
+		tx.Flush(&knftables.Chain{Name: chainLocalnetInput}) // older kernels delete only empty chains
 		tx.Delete(&knftables.Chain{Name: chainLocalnetInput})
 		return
 	}
