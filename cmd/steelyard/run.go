@@ -57,11 +57,11 @@ func (f *dataplaneFlags) register(cmd *cobra.Command, withConfig bool) {
 		cmd.Flags().BoolVar(&f.masqueradeAll, "masquerade-all", false, "masquerade every new connection to a VIP")
 		cmd.Flags().IntVar(&f.masqueradeBit, "masquerade-bit", dataplane.DefaultMasqueradeBit, "fwmark bit (0-31) that marks packets for masquerading")
 		f.registerIPVS(cmd)
+		cmd.Flags().BoolVar(&f.localhostNodePorts, "localhost-nodeports", true, "open node ports on 127.0.0.0/8 to the node's own processes (IPv4, iptables and nftables modes; sets net.ipv4.conf.all.route_localnet=1 and drops packets to 127.0.0.0/8 from other hosts), as kube-proxy's iptables mode does by default")
 		// A container that is not privileged gets /proc/sys read-only;
 		// the DaemonSet mounts the host's /proc/sys/net (per network
 		// namespace, so the node's) at /host/proc/sys/net instead.
-		cmd.Flags().BoolVar(&f.localhostNodePorts, "localhost-nodeports", true, "open node ports on 127.0.0.0/8 to the node's own processes (IPv4, iptables and nftables modes; sets net.ipv4.conf.all.route_localnet=1 and drops packets to 127.0.0.0/8 from other hosts), as kube-proxy's iptables mode does by default")
-		cmd.Flags().StringVar(&f.sysctlDir, "sysctl-dir", dataplane.ProcSys, "where the node's sysctls are written (net.ipv4.ip_forward, IPVS's net.ipv4.vs.*): /proc/sys, or a writable mount of the host's /proc/sys/net at DIR/net")
+		cmd.Flags().StringVar(&f.sysctlDir, "sysctl-dir", dataplane.ProcSys, "where the node's sysctls are written (net.ipv4.ip_forward, route_localnet, IPVS's net.ipv4.vs.*): /proc/sys, or a writable mount of the host's /proc/sys/net at DIR/net")
 	}
 }
 
