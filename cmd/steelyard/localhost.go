@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"os"
+	"path/filepath"
 
 	"github.com/steelyard-net/steelyard/controller"
 	"github.com/steelyard-net/steelyard/dataplane"
@@ -45,6 +47,42 @@ func localhostNodePorts(dp *dataplaneFlags, node *nodeFlags) bool {
 		return false
 	}
 	return true
+}
+
+// routeLocalnetWritable checks, without writing, that setRouteLocalnet can
+// succeed: the sysctl is 1 already or its file opens for writing (a
+// container's read-only /proc/sys fails here, with EROFS).
+func routeLocalnetWritable(dir string) error {
+	if v, err := dataplane.ReadSysctlAt(dir, routeLocalnet); err != nil {
+		return err
+	} else if v == "1" {
+		return nil
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "net/ipv4/conf/all/route_localnet"), os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// checkLocalhostNodePorts turns localhost node ports off, with a warning,
+// when route_localnet cannot be written (a read-only /proc/sys without
+// --sysctl-dir): they are on by default, and the rest of the agent works
+// without them. Asked for explicitly, that is an error.
+func checkLocalhostNodePorts(dp *dataplaneFlags, explicit bool) error {
+	if !dp.localhostNodePorts {
+		return nil
+	}
+	err := routeLocalnetWritable(dp.sysctlDir)
+	if err == nil {
+		return nil
+	}
+	if explicit {
+		return errors.Join(errors.New("--localhost-nodeports needs "+routeLocalnet+"=1 (mount the host's /proc/sys/net and pass --sysctl-dir, see docs/least-privilege.md)"), err)
+	}
+	log.WithError(err).Warn("node ports stay off 127.0.0.0/8: cannot set " + routeLocalnet + " (pass --sysctl-dir, or --localhost-nodeports=false to silence this)")
+	dp.localhostNodePorts = false
+	return nil
 }
 
 // setRouteLocalnet writes route_localnet=1 in the agent's network namespace

@@ -92,6 +92,9 @@ func newRunCommand() *cobra.Command {
 			// nothing.
 			addrs := &nodeAddressSource{}
 			dp.localhostNodePorts = localhostNodePorts(&dp, &node)
+			if err := checkLocalhostNodePorts(&dp, cmd.Flags().Changed("localhost-nodeports")); err != nil {
+				return err
+			}
 			d, err := dp.open(addrs)
 			if err != nil {
 				return err

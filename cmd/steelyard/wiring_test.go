@@ -271,3 +271,34 @@ func TestSetRouteLocalnet(t *testing.T) {
 		t.Errorf("missing sysctl: %v, want an error naming the way out", err)
 	}
 }
+
+// On by default, a read-only route_localnet turns localhost node ports off
+// with a warning; asked for with the flag, it is an error.
+func TestLocalhostNodePortsReadOnlySysctl(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "net/ipv4/conf/all/route_localnet")
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte("0\n"), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() == 0 {
+		t.Skip("root opens a 0444 file for writing")
+	}
+	dp := &dataplaneFlags{mode: "iptables", localhostNodePorts: true, sysctlDir: dir}
+	if err := checkLocalhostNodePorts(dp, false); err != nil || dp.localhostNodePorts {
+		t.Errorf("default: err %v, on %v; want no error and off", err, dp.localhostNodePorts)
+	}
+	dp.localhostNodePorts = true
+	if err := checkLocalhostNodePorts(dp, true); err == nil {
+		t.Error("explicit --localhost-nodeports with a read-only sysctl: no error")
+	}
+	if err := os.WriteFile(p, []byte("1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dp.localhostNodePorts = true
+	if err := checkLocalhostNodePorts(dp, true); err != nil || !dp.localhostNodePorts {
+		t.Errorf("route_localnet already 1: err %v, on %v", err, dp.localhostNodePorts)
+	}
+}
