@@ -12,6 +12,7 @@ import (
 	"github.com/steelyard-net/steelyard/dataplane"
 	"github.com/steelyard-net/steelyard/dataplane/iptables"
 	"github.com/steelyard-net/steelyard/dataplane/ipvs"
+	"github.com/steelyard-net/steelyard/dataplane/nfacct"
 	"github.com/steelyard-net/steelyard/dataplane/nftables"
 )
 
@@ -123,7 +124,10 @@ func openIPTablesMode(f *dataplaneFlags, env modeEnv) (*dataplane.DualStack, err
 		return nil, err
 	}
 	log.WithField("iptables", mode).Debug("using iptables")
-	cfg := iptables.Config{Masquerade: env.masquerade, NodeAddresses: env.nodeAddresses}
+	cfg := iptables.Config{Masquerade: env.masquerade, NodeAddresses: env.nodeAddresses, LocalhostNodePorts: f.localhostNodePorts}
+	if f.localhostNodePorts {
+		cfg.NFAcct = nfacct.Kernel{}
+	}
 	ipt6 := ip6tablesWorks(mode, "iptables mode")
 	if ipt6 == nil {
 		return iptables.NewDualStack(ipt, nil, cfg), nil
@@ -161,6 +165,11 @@ func cleanupIPTablesMode(f *dataplaneFlags) error {
 			return fmt.Errorf("cleanup (%s): %w", m, err)
 		}
 	}
+	// The localhost node port counter, once no rule names it; a kernel
+	// without nfacct has none to remove.
+	if err := (nfacct.Kernel{}).Delete(iptables.LocalhostCounter); err != nil {
+		log.WithError(err).Debug("nfacct counter not removed")
+	}
 	return nil
 }
 
@@ -191,10 +200,8 @@ func cleanupIPVSMode(f *dataplaneFlags) error {
 	return d.Cleanup()
 }
 
-func openNFTablesMode(_ *dataplaneFlags, env modeEnv) (*dataplane.DualStack, error) {
-	// The nftables dataplane serves no node port yet: env.nodeAddresses
-	// is not used.
-	return nftables.NewDualStackKernel(nftables.Config{Masquerade: env.masquerade, NodeAddresses: env.nodeAddresses})
+func openNFTablesMode(f *dataplaneFlags, env modeEnv) (*dataplane.DualStack, error) {
+	return nftables.NewDualStackKernel(nftables.Config{Masquerade: env.masquerade, NodeAddresses: env.nodeAddresses, LocalhostNodePorts: f.localhostNodePorts})
 }
 
 func cleanupNFTablesMode(*dataplaneFlags) error {

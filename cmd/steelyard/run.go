@@ -45,6 +45,8 @@ type dataplaneFlags struct {
 	ipvsGracefulPeriod time.Duration
 	// sysctlDir is where the node's sysctls are written (--sysctl-dir).
 	sysctlDir string
+	// localhostNodePorts is --localhost-nodeports (localhost.go).
+	localhostNodePorts bool
 }
 
 func (f *dataplaneFlags) register(cmd *cobra.Command, withConfig bool) {
@@ -55,10 +57,11 @@ func (f *dataplaneFlags) register(cmd *cobra.Command, withConfig bool) {
 		cmd.Flags().BoolVar(&f.masqueradeAll, "masquerade-all", false, "masquerade every new connection to a VIP")
 		cmd.Flags().IntVar(&f.masqueradeBit, "masquerade-bit", dataplane.DefaultMasqueradeBit, "fwmark bit (0-31) that marks packets for masquerading")
 		f.registerIPVS(cmd)
+		cmd.Flags().BoolVar(&f.localhostNodePorts, "localhost-nodeports", true, "open node ports on 127.0.0.0/8 to the node's own processes (IPv4, iptables and nftables modes; sets net.ipv4.conf.all.route_localnet=1 and drops packets to 127.0.0.0/8 from other hosts), as kube-proxy's iptables mode does by default")
 		// A container that is not privileged gets /proc/sys read-only;
 		// the DaemonSet mounts the host's /proc/sys/net (per network
 		// namespace, so the node's) at /host/proc/sys/net instead.
-		cmd.Flags().StringVar(&f.sysctlDir, "sysctl-dir", dataplane.ProcSys, "where the node's sysctls are written (net.ipv4.ip_forward, IPVS's net.ipv4.vs.*): /proc/sys, or a writable mount of the host's /proc/sys/net at DIR/net")
+		cmd.Flags().StringVar(&f.sysctlDir, "sysctl-dir", dataplane.ProcSys, "where the node's sysctls are written (net.ipv4.ip_forward, route_localnet, IPVS's net.ipv4.vs.*): /proc/sys, or a writable mount of the host's /proc/sys/net at DIR/net")
 	}
 }
 
@@ -70,6 +73,7 @@ func newRunCommand() *cobra.Command {
 		nodeName       string
 		proxyName      string
 		metricsAddr    string
+		kubeProxyAddr  string
 		healthzAddr    string
 		syncPeriod     time.Duration
 		minSyncPeriod  time.Duration
@@ -87,6 +91,10 @@ func newRunCommand() *cobra.Command {
 			// nothing) before the first kernel write: a bad flag changes
 			// nothing.
 			addrs := &nodeAddressSource{}
+			dp.localhostNodePorts = localhostNodePorts(&dp, &node)
+			if err := checkLocalhostNodePorts(&dp, cmd.Flags().Changed("localhost-nodeports")); err != nil {
+				return err
+			}
 			d, err := dp.open(addrs)
 			if err != nil {
 				return err
@@ -99,6 +107,11 @@ func newRunCommand() *cobra.Command {
 					return fmt.Errorf("%w (a container that is not privileged has /proc/sys read-only: mount the host's /proc/sys/net and pass --sysctl-dir, see docs/least-privilege.md)", err)
 				}
 				return err
+			}
+			if dp.localhostNodePorts {
+				if err := setRouteLocalnet(dp.sysctlDir); err != nil {
+					return err
+				}
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
@@ -120,6 +133,11 @@ func newRunCommand() *cobra.Command {
 				return err
 			}
 			if err := serve(ctx, "healthz", healthzAddr, "/", health.Handler()); err != nil {
+				return err
+			}
+			localhost := localhostCounter(dp.mode, dp.localhostNodePorts)
+			metrics.WatchLocalhostNodePorts(localhost)
+			if err := serveKubeProxyCompat(ctx, kubeProxyAddr, dp.mode, localhost); err != nil {
 				return err
 			}
 			r := runner.New(agent.Sync, minSyncPeriod, syncPeriod, 0, nil)
@@ -191,6 +209,7 @@ func newRunCommand() *cobra.Command {
 	cmd.Flags().StringVar(&nodeName, "node-name", defaultNodeName(), "this node's name (default: $NODE_NAME, else the hostname)")
 	cmd.Flags().StringVar(&proxyName, "service-proxy-name", "", "handle only Services labelled service.kubernetes.io/service-proxy-name=<this> (run beside kube-proxy); empty: every Service without that label")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-bind-address", "127.0.0.1:10279", "address of /metrics (kube-proxy's is :10249); empty: off")
+	cmd.Flags().StringVar(&kubeProxyAddr, "kube-proxy-metrics-bind-address", "", "address of a kube-proxy compatible endpoint for tools written against kube-proxy (kube-proxy's metrics address is 127.0.0.1:10249): /proxyMode and kubeproxy_iptables_localhost_nodeports_accepted_packets_total on /metrics; empty: off")
 	cmd.Flags().StringVar(&healthzAddr, "healthz-bind-address", "0.0.0.0:10276", "address of /healthz and /readyz (kube-proxy's is :10256); empty: off")
 	cmd.Flags().DurationVar(&syncPeriod, "sync-period", 30*time.Second, "periodic sync interval: writes what changed and checks a canary rule (a flushed table forces a full resync)")
 	cmd.Flags().DurationVar(&fullSyncPeriod, "full-sync-period", time.Hour, "full resync interval: reads the kernel back and rewrites what differs, repairing rules changed by hand")

@@ -228,3 +228,77 @@ func TestUnknownModeRefused(t *testing.T) {
 		t.Errorf("open --masquerade-bit 32: %v", err)
 	}
 }
+
+// --localhost-nodeports as kube-proxy reads it: only in the modes that
+// serve it, and not when --nodeport-addresses leaves 127.0.0.1 out.
+func TestLocalhostNodePortsDecision(t *testing.T) {
+	for _, tc := range []struct {
+		mode  string
+		flag  bool
+		cidrs []string
+		want  bool
+	}{
+		{"iptables", true, nil, true},
+		{"nftables", true, nil, true},
+		{"ipvs", true, nil, false},
+		{"iptables", false, nil, false},
+		{"iptables", true, []string{"198.19.0.0/16"}, false},
+		{"nftables", true, []string{"198.19.0.0/16", "127.0.0.0/8"}, true},
+	} {
+		dp := &dataplaneFlags{mode: tc.mode, localhostNodePorts: tc.flag}
+		if got := localhostNodePorts(dp, &nodeFlags{nodePortAddresses: tc.cidrs}); got != tc.want {
+			t.Errorf("mode %s, flag %v, --nodeport-addresses %v: %v, want %v", tc.mode, tc.flag, tc.cidrs, got, tc.want)
+		}
+	}
+}
+
+func TestSetRouteLocalnet(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "net/ipv4/conf/all/route_localnet")
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte("0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := setRouteLocalnet(dir); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(p); strings.TrimSpace(string(b)) != "1" {
+		t.Errorf("route_localnet = %q, want 1", b)
+	}
+	if err := setRouteLocalnet(t.TempDir()); err == nil || !strings.Contains(err.Error(), "--localhost-nodeports=false") {
+		t.Errorf("missing sysctl: %v, want an error naming the way out", err)
+	}
+}
+
+// On by default, a read-only route_localnet turns localhost node ports off
+// with a warning; asked for with the flag, it is an error.
+func TestLocalhostNodePortsReadOnlySysctl(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "net/ipv4/conf/all/route_localnet")
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte("0\n"), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() == 0 {
+		t.Skip("root opens a 0444 file for writing")
+	}
+	dp := &dataplaneFlags{mode: "iptables", localhostNodePorts: true, sysctlDir: dir}
+	if err := checkLocalhostNodePorts(dp, false); err != nil || dp.localhostNodePorts {
+		t.Errorf("default: err %v, on %v; want no error and off", err, dp.localhostNodePorts)
+	}
+	dp.localhostNodePorts = true
+	if err := checkLocalhostNodePorts(dp, true); err == nil {
+		t.Error("explicit --localhost-nodeports with a read-only sysctl: no error")
+	}
+	if err := os.WriteFile(p, []byte("1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dp.localhostNodePorts = true
+	if err := checkLocalhostNodePorts(dp, true); err != nil || !dp.localhostNodePorts {
+		t.Errorf("route_localnet already 1: err %v, on %v", err, dp.localhostNodePorts)
+	}
+}

@@ -39,6 +39,8 @@ var jumps = []jump{
 	{TableFilter, "OUTPUT", []string{"-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "steelyard service portals", "-j", string(ChainServices)}},
 	// Node ports (and external IPs the node holds) are delivered locally.
 	{TableFilter, "INPUT", []string{"-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "steelyard service portals", "-j", string(ChainServices)}},
+	// Every packet: the martian drop of localhost node ports (localhost.go).
+	{TableFilter, "INPUT", []string{"-m", "comment", "--comment", "steelyard firewall", "-j", string(ChainFirewall)}},
 	canary,
 }
 
@@ -53,6 +55,8 @@ type Proxier struct {
 	rendered *Rules
 	// LastSync describes the last successful Sync, for logs and benchmarks.
 	LastSync SyncStats
+	// counterWarned: the missing nfacct object was logged once.
+	counterWarned bool
 }
 
 // SyncStats describes one Sync.
@@ -114,6 +118,9 @@ func (p *Proxier) sync(s dataplane.State, req dataplane.SyncRequest) error {
 		full = true
 	}
 	req.Full = full
+	if full {
+		p.ensureCounter()
+	}
 	desired := renderWith(s, p.cfg, p.rendered, req)
 	p.rendered = desired
 	stats := SyncStats{Render: time.Since(start), RulesTotal: desired.Count()}
@@ -214,7 +221,7 @@ func partialDiff(applied, desired *Rules) (write, remove map[Table][]Chain) {
 	}
 	// The shared and static chains.
 	for _, t := range desired.Tables() {
-		for _, c := range []Chain{ChainServices, ChainNodePorts, ChainForward, ChainMarkMasq, ChainPostrouting} {
+		for _, c := range []Chain{ChainServices, ChainNodePorts, ChainForward, ChainMarkMasq, ChainPostrouting, ChainFirewall} {
 			if desired.Has(t, c) && changed(t, c) {
 				write[t] = append(write[t], c)
 			}

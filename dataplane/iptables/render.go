@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/steelyard-net/steelyard/dataplane"
+	"github.com/steelyard-net/steelyard/dataplane/nfacct"
 )
 
 // Config is what the iptables dataplane needs to know about the node.
@@ -27,6 +28,15 @@ type Config struct {
 	// Family (4 or 6) is the IP family of the tables written; 0 guesses
 	// from the State.
 	Family int
+	// LocalhostNodePorts opens node ports on 127.0.0.0/8 to the node's own
+	// processes, IPv4 only (localhost.go); the caller sets route_localnet.
+	LocalhostNodePorts bool
+	// NFAcct, with LocalhostNodePorts, counts accepted localhost node port
+	// connections in the nfacct object LocalhostCounter; nil: no count.
+	NFAcct nfacct.Interface
+	// localhostCounter is the nfacct object the rules name: set by the
+	// Proxier once it exists.
+	localhostCounter string
 }
 
 // DefaultMasqueradeBit is the fwmark bit used when Config leaves it zero.
@@ -185,6 +195,7 @@ func renderWith(s dataplane.State, cfg Config, prev *Rules, req dataplane.SyncRe
 		"-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT")
 	r.chain(TableNAT, ChainServices)
 	r.chain(TableNAT, ChainNodePorts)
+	renderLocalhost(r, cfg, family)
 	r.add(TableNAT, ChainMarkMasq, "-j", "MARK", "--set-xmark", mark+"/"+mark)
 	r.add(TableNAT, ChainPostrouting, "-m", "mark", "!", "--mark", mark+"/"+mark, "-j", "RETURN")
 	// Clear the bit so a packet that is re-routed is not masqueraded twice.
@@ -222,6 +233,7 @@ func renderWith(s dataplane.State, cfg Config, prev *Rules, req dataplane.SyncRe
 			r.add(t, ChainServices, "-d", hostPrefix(ip), "-m", "comment", "--comment", quote("steelyard: node ports"), "-j", string(ChainNodePorts))
 		}
 	}
+	renderLocalhostJumps(r, cfg, family)
 	return r
 }
 

@@ -47,8 +47,9 @@ type Rule struct {
 	// Mark match (-m mark [!] --mark value/mask); MarkMask 0: none.
 	MarkValue, MarkMask uint32
 	NotMark             bool
-	// CTStates from -m conntrack --ctstate.
-	CTStates []string
+	// CTStates from -m conntrack [!] --ctstate; NotCTStates: negated.
+	CTStates    []string
+	NotCTStates bool
 	// SrcLocal and DstLocal are -m addrtype --src-type/--dst-type LOCAL:
 	// +1 the address must be the node's own, -1 it must not, 0 no match.
 	SrcLocal, DstLocal int
@@ -348,10 +349,7 @@ func ParseRule(text string) (*Rule, error) {
 			if err != nil {
 				return nil, err
 			}
-			if neg {
-				r.Unknown = append(r.Unknown, "! --ctstate")
-			}
-			r.CTStates = strings.Split(v, ",")
+			r.CTStates, r.NotCTStates = strings.Split(v, ","), neg
 		case "-j", "--jump", "-g", "--goto":
 			v, err := next()
 			if err != nil {

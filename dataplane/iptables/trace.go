@@ -208,8 +208,9 @@ func (r *Rule) matches(p Packet, mark uint32) bool {
 	if r.Recent != nil && r.Recent.Check {
 		return false
 	}
-	// A traced packet is the first of a new connection.
-	if len(r.CTStates) > 0 && !slices.Contains(r.CTStates, "NEW") {
+	// A traced packet is the first of a new connection (and, traced from
+	// the start of a table, not DNATed yet).
+	if len(r.CTStates) > 0 && slices.Contains(r.CTStates, "NEW") == r.NotCTStates {
 		return false
 	}
 	return true

@@ -116,6 +116,9 @@ type Config struct {
 	NodeAddresses func() []netip.Addr
 	// Family is 4 or 6 (0: 4).
 	Family int
+	// LocalhostNodePorts opens node ports on 127.0.0.0/8 to the node's own
+	// processes, IPv4 only (localhost.go); the caller sets route_localnet.
+	LocalhostNodePorts bool
 }
 
 func (c Config) mark() string {

@@ -75,6 +75,7 @@ func (p *Proxier) skeleton(tx txn) {
 		tx.Flush(&knftables.Chain{Name: b.name})
 		tx.Add(&knftables.Rule{Chain: b.name, Rule: b.rule})
 	}
+	p.localhost(tx)
 }
 
 // Sync implements dataplane.Dataplane. A partial Sync looks only at the

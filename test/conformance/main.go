@@ -233,6 +233,12 @@ type result struct {
 	err   error
 }
 
+// steelyardArgs are added to the agent's flags from manifests/: the opt-in
+// kube-proxy compatible endpoint at kube-proxy's own address, which the
+// KubeProxy metric test reads (/proxyMode, the localhost node port
+// counter). It is the only flag the run adds.
+var steelyardArgs = []string{"--kube-proxy-metrics-bind-address=127.0.0.1:10249"}
+
 func runProxy(ctx context.Context, cfg config, rules List, proxy, e2e, ginkgo string) (result, error) {
 	r := result{proxy: proxy}
 	dir := filepath.Join(cfg.out, proxy)
@@ -260,9 +266,9 @@ func runProxy(ctx context.Context, cfg config, rules List, proxy, e2e, ginkgo st
 	}()
 	switch proxy {
 	case "steelyard-iptables":
-		err = c.Install(ctx, []string{cfg.manifests}, map[string]string{"MODE": "iptables"})
+		err = c.Install(ctx, []string{cfg.manifests}, map[string]string{"MODE": "iptables"}, steelyardArgs...)
 	case "steelyard-nftables":
-		err = c.Install(ctx, []string{cfg.manifests}, map[string]string{"MODE": "nftables"})
+		err = c.Install(ctx, []string{cfg.manifests}, map[string]string{"MODE": "nftables"}, steelyardArgs...)
 	case "kube-proxy":
 		err = c.StartKubeProxy(ctx, "iptables")
 	}

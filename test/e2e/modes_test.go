@@ -80,6 +80,8 @@ var kernelCases = []kernelCase{
 	{name: "TopologyHints", run: caseTopologyHints},
 	{name: "IPv6", run: func(t *testing.T, m dpMode) { caseIPv6(t, m, false) }},
 	{name: "IPv6NodePort", needs: []feature{featNodePort}, run: func(t *testing.T, m dpMode) { caseIPv6(t, m, true) }},
+	// localhost_nodeports_test.go
+	{name: "LocalhostNodePort", needs: []feature{featNodePort, featAffinity}, run: caseLocalhostNodePort},
 }
 
 // TestKernel runs the table: each case, in each mode.
