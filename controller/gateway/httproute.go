@@ -121,7 +121,7 @@ func attachHTTP(hr *gwv1.HTTPRoute, pr gwv1.ParentReference, invalid error, list
 		}
 		hosted++
 		l.attached++
-		out.Attach = append(out.Attach, ingress.HTTPAttachment{Port: int32(l.spec.Port), Hostnames: hosts, Listener: ns + "/" + string(pr.Name) + "/" + string(l.spec.Name),
+		out.Attach = append(out.Attach, ingress.HTTPAttachment{Port: int32(l.spec.Port), ListenPort: l.nginxPort, Hostnames: hosts, Listener: ns + "/" + string(pr.Name) + "/" + string(l.spec.Name),
 			TLSSecret: l.tlsSecret})
 	}
 	switch {
@@ -178,7 +178,7 @@ func wildcardCovers(w, n string) bool {
 // listenerSecret checks an HTTPS listener's TLS settings and returns its
 // certificate Secret ("namespace/name"), or "" with the ResolvedRefs reason
 // and message. The Secret's content is checked by the nginx renderer.
-func listenerSecret(g *gwv1.Gateway, l gwv1.Listener, grants []*gwv1.ReferenceGrant) (string, string, string) {
+func listenerSecret(g *gwv1.Gateway, l gwv1.Listener, grants []*gwv1.ReferenceGrant, secrets map[types.NamespacedName]*corev1.Secret) (string, string, string) {
 	if l.TLS == nil || len(l.TLS.CertificateRefs) == 0 {
 		return "", string(gwv1.ListenerReasonInvalidCertificateRef), "an HTTPS listener needs tls.certificateRefs"
 	}
@@ -203,6 +203,13 @@ func listenerSecret(g *gwv1.Gateway, l gwv1.Listener, grants []*gwv1.ReferenceGr
 			})
 	}) {
 		return "", string(gwv1.ListenerReasonRefNotPermitted), fmt.Sprintf("Secret %s/%s: no ReferenceGrant in %s allows it", ns, ref.Name, ns)
+	}
+	sec := secrets[types.NamespacedName{Namespace: ns, Name: string(ref.Name)}]
+	if sec == nil {
+		return "", string(gwv1.ListenerReasonInvalidCertificateRef), fmt.Sprintf("Secret %s/%s not found (or not of type %s)", ns, ref.Name, corev1.SecretTypeTLS)
+	}
+	if err := ingress.CheckTLSSecret(sec); err != nil {
+		return "", string(gwv1.ListenerReasonInvalidCertificateRef), fmt.Sprintf("Secret %s/%s: %v", ns, ref.Name, err)
 	}
 	return ns + "/" + string(ref.Name), string(gwv1.ListenerReasonResolvedRefs), ""
 }

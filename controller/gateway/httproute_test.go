@@ -149,17 +149,31 @@ func TestHTTPSListeners(t *testing.T) {
 		Gateways: []*gwv1.Gateway{gw("gw", 0,
 			gwv1.Listener{Name: "good", Protocol: gwv1.HTTPSProtocolType, Port: 8443, TLS: certRef("", "cert")},
 			gwv1.Listener{Name: "none", Protocol: gwv1.HTTPSProtocolType, Port: 8444},
-			gwv1.Listener{Name: "cross", Protocol: gwv1.HTTPSProtocolType, Port: 8445, TLS: certRef("other", "cert")})},
+			gwv1.Listener{Name: "cross", Protocol: gwv1.HTTPSProtocolType, Port: 8445, TLS: certRef("other", "cert")},
+			gwv1.Listener{Name: "missing", Protocol: gwv1.HTTPSProtocolType, Port: 8446, TLS: certRef("", "nonexistent")},
+			gwv1.Listener{Name: "malformed", Protocol: gwv1.HTTPSProtocolType, Port: 8447, TLS: certRef("", "malformed")})},
 		HTTPRoutes: []*gwv1.HTTPRoute{httpRoute("r", 0, nil, gwv1.ParentReference{Name: "gw"}, backendRef("s1", 1))},
 		Services:   []*corev1.Service{svc("s1", "198.18.0.1", nil)},
-		Pool:       netip.MustParsePrefix("198.18.200.0/30"),
-		HTTP:       true,
+		Secrets: []*corev1.Secret{tlsSecret(t, ns, "cert"), tlsSecret(t, "other", "cert"),
+			// conformance GatewayInvalidTLSConfiguration's malformed Secret
+			{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "malformed"}, Type: corev1.SecretTypeTLS,
+				Data: map[string][]byte{corev1.TLSCertKey: []byte("Hello world\n"), corev1.TLSPrivateKeyKey: []byte("Hello world\n")}}},
+		Pool: netip.MustParsePrefix("198.18.200.0/30"),
+		HTTP: true,
 	}
 	res := Translate(in)
 	gs := res.Gateways[types.NamespacedName{Namespace: ns, Name: "gw"}]
-	for i, want := range []string{"ResolvedRefs", "InvalidCertificateRef", "RefNotPermitted"} {
+	for i, want := range []string{"ResolvedRefs", "InvalidCertificateRef", "RefNotPermitted", "InvalidCertificateRef", "InvalidCertificateRef"} {
 		if c := condOf(t, gs.Listeners[i].Conditions, "ResolvedRefs"); c.Reason != want {
 			t.Errorf("listener %s: ResolvedRefs %s (%s), want %s", gs.Listeners[i].Name, c.Reason, c.Message, want)
+		}
+	}
+	// A certificateRef that cannot be used: the listener is not Programmed
+	// (reason Invalid) and carries no route.
+	for _, i := range []int{3, 4} {
+		c := condOf(t, gs.Listeners[i].Conditions, "Programmed")
+		if c.Status != metav1.ConditionFalse || c.Reason != "Invalid" || gs.Listeners[i].AttachedRoutes != 0 {
+			t.Errorf("listener %s: Programmed %s %s, attachedRoutes %d; want False Invalid, 0", gs.Listeners[i].Name, c.Status, c.Reason, gs.Listeners[i].AttachedRoutes)
 		}
 	}
 	if len(res.HTTP) != 1 || len(res.HTTP[0].Attach) != 1 || res.HTTP[0].Attach[0].TLSSecret != ns+"/cert" || res.HTTP[0].Attach[0].Port != 8443 {

@@ -39,20 +39,30 @@ const (
 // StatusWriter, which writes only on the leader.
 type Source struct {
 	pool netip.Prefix
+	kube kubernetes.Interface
 	// ServeHTTP makes HTTP listeners accept HTTPRoutes (the nginx layer
-	// runs); set it before Start.
+	// runs); set it before Start. It also watches kubernetes.io/tls
+	// Secrets, for the ResolvedRefs of HTTPS listeners.
 	ServeHTTP bool
+	// NodeAddrs returns this node's addresses, where HTTP listeners are
+	// forwarded to nginx (nil: none, and no forward).
+	NodeAddrs func() []netip.Addr
+	// HTTPPortBase is the first nginx port of HTTP listeners (0: default).
+	HTTPPortBase int32
 
 	gwFactory   gwinformers.SharedInformerFactory
 	kubeFactory informers.SharedInformerFactory
-	classes     gwlisters.GatewayClassLister
-	gateways    gwlisters.GatewayLister
-	tcpRoutes   gwlisters.TCPRouteLister
-	udpRoutes   gwlisters.UDPRouteLister
-	httpRoutes  gwlisters.HTTPRouteLister
-	grants      gwlisters.ReferenceGrantLister
-	namespaces  corelisters.NamespaceLister
-	synced      []cache.InformerSynced
+	// secretFactory watches TLS Secrets (ServeHTTP only).
+	secretFactory informers.SharedInformerFactory
+	classes       gwlisters.GatewayClassLister
+	gateways      gwlisters.GatewayLister
+	tcpRoutes     gwlisters.TCPRouteLister
+	udpRoutes     gwlisters.UDPRouteLister
+	httpRoutes    gwlisters.HTTPRouteLister
+	grants        gwlisters.ReferenceGrantLister
+	namespaces    corelisters.NamespaceLister
+	secrets       corelisters.SecretLister
+	synced        []cache.InformerSynced
 
 	mu sync.Mutex
 	// pending is the Result of the last Routes call, last the one whose
@@ -64,7 +74,7 @@ type Source struct {
 // NewSource returns a source over the clients; Start begins the watch.
 // pool is --gateway-address-pool (zero: none).
 func NewSource(gw versioned.Interface, kube kubernetes.Interface, pool netip.Prefix) *Source {
-	s := &Source{pool: pool, onDone: func() {}}
+	s := &Source{pool: pool, kube: kube, onDone: func() {}}
 	// No resync: every change arrives as an event, and a periodic resync
 	// would only re-deliver what the sync already has.
 	s.gwFactory = gwinformers.NewSharedInformerFactory(gw, 0)
@@ -85,10 +95,20 @@ func NewSource(gw versioned.Interface, kube kubernetes.Interface, pool netip.Pre
 // Gateway holds (they keep pool assignments stable).
 func (s *Source) Start(ctx context.Context, onChange func()) error {
 	v1 := s.gwFactory.Gateway().V1()
-	for _, inf := range []cache.SharedIndexInformer{
+	infs := []cache.SharedIndexInformer{
 		v1.GatewayClasses().Informer(), v1.Gateways().Informer(), v1.TCPRoutes().Informer(),
 		v1.UDPRoutes().Informer(), v1.HTTPRoutes().Informer(), v1.ReferenceGrants().Informer(), s.kubeFactory.Core().V1().Namespaces().Informer(),
-	} {
+	}
+	if s.ServeHTTP {
+		// Only TLS Secrets: the others can never be a certificate.
+		f := informers.NewSharedInformerFactoryWithOptions(s.kube, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = "type=" + string(corev1.SecretTypeTLS)
+		}))
+		s.secrets = f.Core().V1().Secrets().Lister()
+		infs = append(infs, f.Core().V1().Secrets().Informer())
+		s.secretFactory = f
+	}
+	for _, inf := range infs {
 		if _, err := inf.AddEventHandler(handler(onChange)); err != nil {
 			return err
 		}
@@ -96,6 +116,9 @@ func (s *Source) Start(ctx context.Context, onChange func()) error {
 	}
 	s.gwFactory.Start(ctx.Done())
 	s.kubeFactory.Start(ctx.Done())
+	if s.secretFactory != nil {
+		s.secretFactory.Start(ctx.Done())
+	}
 	if !cache.WaitForCacheSync(ctx.Done(), s.synced...) {
 		return fmt.Errorf("listing Gateway API objects (are the CRDs installed?): %w", context.Cause(ctx))
 	}
@@ -147,8 +170,16 @@ func addrValues(as []gwv1.GatewayStatusAddress) []string {
 
 // Snapshot reads every object the translation needs from the informers.
 func (s *Source) Snapshot(svcs []*corev1.Service) Input {
-	in := Input{Services: svcs, Pool: s.pool, HTTP: s.ServeHTTP}
+	in := Input{Services: svcs, Pool: s.pool, HTTP: s.ServeHTTP, HTTPPortBase: s.HTTPPortBase}
+	if s.NodeAddrs != nil {
+		in.NodeAddrs = s.NodeAddrs()
+	}
 	var err error
+	if s.secrets != nil {
+		if in.Secrets, err = s.secrets.List(labels.Everything()); err != nil {
+			log.WithError(err).Warn("listing Secrets")
+		}
+	}
 	if in.Classes, err = s.classes.List(labels.Everything()); err != nil {
 		log.WithError(err).Warn("listing GatewayClasses")
 	}

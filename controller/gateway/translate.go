@@ -48,6 +48,15 @@ type Input struct {
 	// Pool is the --gateway-address-pool: Gateways without spec.addresses
 	// get one address from it. Invalid (zero) for none.
 	Pool netip.Prefix
+	// Secrets are the kubernetes.io/tls Secrets HTTPS listeners may name
+	// (read only with HTTP).
+	Secrets []*corev1.Secret
+	// NodeAddrs are this node's addresses: an HTTP listener's Gateway
+	// address and port are forwarded to nginx on the one of its family.
+	NodeAddrs []netip.Addr
+	// HTTPPortBase is the first port nginx serves HTTP listeners on (one
+	// per Gateway and listener port); 0 means DefaultHTTPPortBase.
+	HTTPPortBase int32
 }
 
 // Result is what one snapshot means: the splits for the Builder and the
@@ -90,6 +99,8 @@ type listener struct {
 	http bool
 	// tlsSecret is "namespace/name" of an HTTPS listener's certificate.
 	tlsSecret string
+	// nginxPort is the port nginx serves a valid HTTP listener on.
+	nginxPort int32
 	kinds     []gwv1.RouteGroupKind
 	attached  int32
 	// route is the route that holds the listener (the oldest attached).
@@ -129,10 +140,15 @@ func Translate(in Input) Result {
 	sortByAge(gws, func(g *gwv1.Gateway) *metav1.ObjectMeta { return &g.ObjectMeta })
 	addrs := assignAddresses(gws, in.Pool)
 
+	secrets := map[types.NamespacedName]*corev1.Secret{}
+	for _, s := range in.Secrets {
+		secrets[types.NamespacedName{Namespace: s.Namespace, Name: s.Name}] = s
+	}
 	listeners := map[types.NamespacedName][]*listener{}
 	for _, g := range gws {
-		listeners[nn(&g.ObjectMeta)] = gatewayListeners(g, in.HTTP, in.Grants)
+		listeners[nn(&g.ObjectMeta)] = gatewayListeners(g, in.HTTP, in.Grants, secrets)
 	}
+	nginxPorts(gws, listeners, in.HTTPPortBase)
 
 	var routes []*route
 	for _, r := range in.TCPRoutes {
@@ -164,6 +180,7 @@ func Translate(in Input) Result {
 	}
 
 	translateHTTP(in, listeners, svcs, nsLabels, &res)
+	res.Routes.Listeners = append(res.Routes.Listeners, httpForwards(gws, listeners, addrs, in.NodeAddrs)...)
 
 	for _, g := range gws {
 		res.Gateways[nn(&g.ObjectMeta)] = gatewayStatus(g, addrs[nn(&g.ObjectMeta)], listeners[nn(&g.ObjectMeta)])
@@ -217,7 +234,7 @@ var defaultKinds = map[gwv1.ProtocolType]string{
 }
 
 // gatewayListeners checks each listener of g: protocol, kinds, conflicts.
-func gatewayListeners(g *gwv1.Gateway, http bool, grants []*gwv1.ReferenceGrant) []*listener {
+func gatewayListeners(g *gwv1.Gateway, http bool, grants []*gwv1.ReferenceGrant, secrets map[types.NamespacedName]*corev1.Secret) []*listener {
 	var out []*listener
 	seen := map[string]bool{}
 	httpPorts := map[string]bool{} // ports held by HTTP listeners
@@ -266,7 +283,7 @@ func gatewayListeners(g *gwv1.Gateway, http bool, grants []*gwv1.ReferenceGrant)
 		}
 		tlsOK := true
 		if l.Protocol == gwv1.HTTPSProtocolType {
-			li.tlsSecret, refsReason, refsMsg = listenerSecret(g, l, grants)
+			li.tlsSecret, refsReason, refsMsg = listenerSecret(g, l, grants, secrets)
 			if li.tlsSecret == "" {
 				refsOK, tlsOK = false, false
 			}

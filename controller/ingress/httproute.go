@@ -31,7 +31,12 @@ type HTTPRoute struct {
 
 // HTTPAttachment is one listener a route serves on.
 type HTTPAttachment struct {
+	// Port is the listener's port (the default port of redirects).
 	Port int32
+	// ListenPort is the port nginx serves the listener on; the dataplanes
+	// forward the Gateway address's Port to it (0: Port itself). One per
+	// Gateway and listener port, so Gateways sharing a port stay apart.
+	ListenPort int32
 	// Hostnames are the listener's hostname intersected with the route's;
 	// empty: any host.
 	Hostnames []string
@@ -166,8 +171,12 @@ func renderHTTPRoutes(routes []HTTPRoute, dir string, reserved []int, keepalive 
 		}
 		served := false
 		for _, at := range hr.Attach {
-			if r.reserved[at.Port] {
-				r.problem(hr, fmt.Sprintf("listener %s: port %d is the Ingress port; HTTPRoutes need a listener on another port", at.Listener, at.Port))
+			lp := at.ListenPort
+			if lp == 0 {
+				lp = at.Port
+			}
+			if r.reserved[lp] {
+				r.problem(hr, fmt.Sprintf("listener %s: nginx port %d is an Ingress port; HTTPRoutes need another one", at.Listener, lp))
 				continue
 			}
 			hosts := at.Hostnames
@@ -177,7 +186,7 @@ func renderHTTPRoutes(routes []HTTPRoute, dir string, reserved []int, keepalive 
 			for _, h := range hosts {
 				for _, c := range candidates(hr, i, h, at.Port) {
 					c.tls = at.TLSSecret
-					byPort[at.Port] = append(byPort[at.Port], c)
+					byPort[lp] = append(byPort[lp], c)
 				}
 			}
 			served = true
@@ -439,6 +448,17 @@ func (r *httpRenderer) cert(cands []*candidate) string {
 		return r.certFiles[c.tls]
 	}
 	return ""
+}
+
+// CheckTLSSecret reports why a Secret cannot serve as a certificate
+// (wrong type, or a chain and key that do not parse or do not match), or
+// nil. The Gateway translation uses it for listener ResolvedRefs.
+func CheckTLSSecret(sec *corev1.Secret) error {
+	if sec.Type != corev1.SecretTypeTLS {
+		return fmt.Errorf("type %s, want %s", sec.Type, corev1.SecretTypeTLS)
+	}
+	_, _, err := tlsFile(sec)
+	return err
 }
 
 // tlsFile checks a TLS Secret and returns its chain and key as one PEM
