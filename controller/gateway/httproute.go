@@ -111,7 +111,7 @@ func attachHTTP(hr *gwv1.HTTPRoute, pr gwv1.ParentReference, invalid error, list
 			continue
 		}
 		matched++
-		if !l.valid || !l.http || !kindAllowed(l, KindHTTPRoute) || !namespaceAllowed(l, hr.Namespace, nsLabels) {
+		if !(l.valid || l.badCert) || !l.http || !kindAllowed(l, KindHTTPRoute) || !namespaceAllowed(l, hr.Namespace, nsLabels) {
 			continue
 		}
 		allowed++
@@ -121,6 +121,9 @@ func attachHTTP(hr *gwv1.HTTPRoute, pr gwv1.ParentReference, invalid error, list
 		}
 		hosted++
 		l.attached++
+		if !l.valid {
+			continue // attached, not served: the listener has no certificate
+		}
 		out.Attach = append(out.Attach, ingress.HTTPAttachment{Port: int32(l.spec.Port), ListenPort: l.nginxPort, Hostnames: hosts, Listener: ns + "/" + string(pr.Name) + "/" + string(l.spec.Name),
 			TLSSecret: l.tlsSecret})
 	}

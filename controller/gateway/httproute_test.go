@@ -169,11 +169,12 @@ func TestHTTPSListeners(t *testing.T) {
 		}
 	}
 	// A certificateRef that cannot be used: the listener is not Programmed
-	// (reason Invalid) and carries no route.
+	// (reason Invalid); routes still attach to it (attachedRoutes counts
+	// them, conformance GatewayWithAttachedRoutes) but none is served.
 	for _, i := range []int{3, 4} {
 		c := condOf(t, gs.Listeners[i].Conditions, "Programmed")
-		if c.Status != metav1.ConditionFalse || c.Reason != "Invalid" || gs.Listeners[i].AttachedRoutes != 0 {
-			t.Errorf("listener %s: Programmed %s %s, attachedRoutes %d; want False Invalid, 0", gs.Listeners[i].Name, c.Status, c.Reason, gs.Listeners[i].AttachedRoutes)
+		if c.Status != metav1.ConditionFalse || c.Reason != "Invalid" || gs.Listeners[i].AttachedRoutes != 1 {
+			t.Errorf("listener %s: Programmed %s %s, attachedRoutes %d; want False Invalid, 1", gs.Listeners[i].Name, c.Status, c.Reason, gs.Listeners[i].AttachedRoutes)
 		}
 	}
 	if len(res.HTTP) != 1 || len(res.HTTP[0].Attach) != 1 || res.HTTP[0].Attach[0].TLSSecret != ns+"/cert" || res.HTTP[0].Attach[0].Port != 8443 {

@@ -101,6 +101,10 @@ type listener struct {
 	tlsSecret string
 	// nginxPort is the port nginx serves a valid HTTP listener on.
 	nginxPort int32
+	// badCert marks an HTTPS listener that is invalid only for its
+	// certificateRefs: routes still attach (attachedRoutes counts them,
+	// as conformance GatewayWithAttachedRoutes wants), none is served.
+	badCert bool
 	kinds     []gwv1.RouteGroupKind
 	attached  int32
 	// route is the route that holds the listener (the oldest attached).
@@ -309,6 +313,7 @@ func gatewayListeners(g *gwv1.Gateway, http bool, grants []*gwv1.ReferenceGrant,
 		}
 		seen[k] = true
 		li.valid = !conflicted && len(li.kinds) > 0 && tlsOK
+		li.badCert = !conflicted && len(li.kinds) > 0 && !tlsOK
 		conflict := cond(string(gwv1.ListenerConditionConflicted), false, string(gwv1.ListenerReasonNoConflicts), "", gen)
 		accepted := cond(string(gwv1.ListenerConditionAccepted), true, string(gwv1.ListenerReasonAccepted), "", gen)
 		programmed := cond(string(gwv1.ListenerConditionProgrammed), true, string(gwv1.ListenerReasonProgrammed), "", gen)

@@ -16,6 +16,7 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -119,10 +120,13 @@ func TestHTTPRoute(t *testing.T) {
 	if _, err := gc.GatewayV1().Gateways(harness.Namespace).Create(ctx, &gwv1.Gateway{
 		ObjectMeta: metav1.ObjectMeta{Name: "web"},
 		Spec: gwv1.GatewaySpec{GatewayClassName: className,
-			Addresses: []gwv1.GatewaySpecAddress{{Type: &ipType, Value: sandbox.NodeLANIP.String()}},
+			Addresses: []gwv1.GatewaySpecAddress{{Type: &ipType, Value: gatewayAddr.String()}},
 			Listeners: []gwv1.Listener{{Name: "http", Protocol: gwv1.HTTPProtocolType, Port: httpPort},
 				{Name: "https", Protocol: gwv1.HTTPSProtocolType, Port: httpsPort, TLS: &gwv1.ListenerTLSConfig{
-					CertificateRefs: []gwv1.SecretObjectReference{{Name: "gw-cert"}}}}}},
+					CertificateRefs: []gwv1.SecretObjectReference{{Name: "gw-cert"}}}},
+				// conformance GatewayInvalidTLSConfiguration: a missing Secret
+				{Name: "bad-tls", Protocol: gwv1.HTTPSProtocolType, Port: httpsPort + 1, TLS: &gwv1.ListenerTLSConfig{
+					CertificateRefs: []gwv1.SecretObjectReference{{Name: "nonexistent"}}}}}},
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -196,6 +200,15 @@ func TestHTTPRoute(t *testing.T) {
 		return g.Status.Listeners[0].Conditions, nil
 	}
 	waitCondition(t, "listener http", "Programmed", metav1.ConditionTrue, "Programmed", lc)
+	badTLS := func() ([]metav1.Condition, error) {
+		g, err := gc.GatewayV1().Gateways(harness.Namespace).Get(ctx, "web", metav1.GetOptions{})
+		if err != nil || len(g.Status.Listeners) < 3 {
+			return nil, err
+		}
+		return g.Status.Listeners[2].Conditions, nil
+	}
+	waitCondition(t, "listener bad-tls", "ResolvedRefs", metav1.ConditionFalse, "InvalidCertificateRef", badTLS)
+	waitCondition(t, "listener bad-tls", "Programmed", metav1.ConditionFalse, "Invalid", badTLS)
 
 	client := gatewayClient(w)
 	get := func(method, host, path string, hdr map[string]string) (*http.Response, string) {
@@ -299,7 +312,7 @@ func TestHTTPRoute(t *testing.T) {
 			var c net.Conn
 			err := w.Client.Do(func() error {
 				var err error
-				c, err = (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, fmt.Sprintf("%s:%d", sandbox.NodeLANIP, httpsPort))
+				c, err = (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, fmt.Sprintf("%s:%d", gatewayAddr, httpsPort))
 				return err
 			})
 			return c, err
@@ -357,15 +370,21 @@ func TestHTTPRoute(t *testing.T) {
 	})
 }
 
+// gatewayAddr is the Web Gateway's address: not one of the node's, so
+// requests reach nginx only through the dataplane's forward of the
+// listener (the conformance suite found they did not, when nginx listened
+// on the listener port of the node's own addresses only).
+var gatewayAddr = netip.MustParseAddr("198.18.0.200")
+
 // gatewayClient sends every request from the client namespace to the
-// node's HTTP listener port, whatever the URL's host; fresh connection per
-// request, redirects returned, not followed.
+// Gateway address's HTTP listener port, whatever the URL's host; fresh
+// connection per request, redirects returned, not followed.
 func gatewayClient(w *harness.World) *http.Client {
 	dial := func(ctx context.Context, network, _ string) (net.Conn, error) {
 		var c net.Conn
 		err := w.Client.Do(func() error {
 			var err error
-			c, err = (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, fmt.Sprintf("%s:%d", sandbox.NodeLANIP, httpPort))
+			c, err = (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, fmt.Sprintf("%s:%d", gatewayAddr, httpPort))
 			return err
 		})
 		return c, err
