@@ -70,8 +70,16 @@ func selfSignedCert(t *testing.T, host string) (crt, key []byte, pool *x509.Cert
 // matches by host, path, method, header and query; a weighted split
 // measured with fresh connections; a redirect and header modifiers; a route
 // with an unsafe value reported and not served, the others untouched; TLS
-// termination on an HTTPS listener; no reload for endpoint churn.
+// termination on an HTTPS listener; no reload for endpoint churn. The
+// Gateway address is not the node's: requests reach nginx through the
+// dataplane's forward, in the iptables and nftables modes.
 func TestHTTPRoute(t *testing.T) {
+	for _, mode := range []string{"iptables", "nftables"} {
+		t.Run(mode, func(t *testing.T) { testHTTPRoute(t, mode) })
+	}
+}
+
+func testHTTPRoute(t *testing.T, mode string) {
 	sandbox.RequireRoot(t)
 	if harness.NginxBinary() == "" {
 		t.Fatal("nginx not installed (scripts/install-deps.sh)")
@@ -172,7 +180,7 @@ func TestHTTPRoute(t *testing.T) {
 			t.Fatalf("create HTTPRoute %s: %v", name, err)
 		}
 	}
-	if err := w.StartAgent(steelyardBin, "--gateway", "--gateway-lease-namespace", leaseNS); err != nil {
+	if err := w.StartAgent(steelyardBin, "--mode", mode, "--gateway", "--gateway-lease-namespace", leaseNS); err != nil {
 		t.Fatal(err)
 	}
 	routeConds := func(name string) func() ([]metav1.Condition, error) {
