@@ -9,9 +9,6 @@ import (
 	"encoding/pem"
 	"math/big"
 	"net/netip"
-	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -23,7 +20,6 @@ import (
 	"github.com/steelyard-net/steelyard/controller"
 	"github.com/steelyard-net/steelyard/dataplane"
 	"github.com/steelyard-net/steelyard/dataplane/iptables"
-	"github.com/steelyard-net/steelyard/dataplane/ipvs"
 )
 
 // tlsSecret returns a kubernetes.io/tls Secret with a fresh self-signed
@@ -121,19 +117,7 @@ func TestHTTPListenerForwards(t *testing.T) {
 	}
 	ipt := iptables.NewProxier(iptables.NewFake(), iptables.Config{Masquerade: dataplane.Masquerade{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.19.0.0/17")}}})
 	check(t, "iptables", ipt, st, shares)
-	dir := t.TempDir()
-	for _, sc := range ipvs.Sysctls {
-		path := filepath.Join(dir, strings.ReplaceAll(sc.Name, ".", "/"))
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, []byte("0\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ip := ipvs.NewProxier(ipvs.NewFake(), ipvs.NewFakeLinks(), ipvs.NewFakeSets(), iptables.NewFake(),
-		ipvs.Config{SysctlDir: dir, Masquerade: dataplane.Masquerade{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.19.0.0/17")}}})
-	check(t, "ipvs", ip, st, shares)
+	check(t, "ipvs", newIPVS(t, dataplane.Masquerade{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.19.0.0/17")}}), st, shares)
 	for _, sp := range st.Services {
 		if sp.Name.Name == "one" || sp.Name.Name == "two" {
 			if len(sp.Backends) != 1 || sp.Backends[0].Port < 61000 {

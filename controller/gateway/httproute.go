@@ -125,7 +125,7 @@ func attachHTTP(hr *gwv1.HTTPRoute, pr gwv1.ParentReference, invalid error, list
 			continue // attached, not served: the listener has no certificate
 		}
 		out.Attach = append(out.Attach, ingress.HTTPAttachment{Port: int32(l.spec.Port), ListenPort: l.nginxPort, Hostnames: hosts, Listener: ns + "/" + string(pr.Name) + "/" + string(l.spec.Name),
-			TLSSecret: l.tlsSecret})
+			TLSSecret: l.tlsSecret, AnyHost: l.spec.Hostname == nil})
 	}
 	switch {
 	case matched == 0:

@@ -165,6 +165,10 @@ func testHTTPRoute(t *testing.T, mode string) {
 				{Type: gwv1.HTTPRouteFilterURLRewrite, URLRewrite: &gwv1.HTTPURLRewriteFilter{Path: &gwv1.HTTPPathModifier{Type: gwv1.PrefixMatchHTTPPathModifier, ReplacePrefixMatch: ptr.To("/v2")}}},
 			}, BackendRefs: []gwv1.HTTPBackendRef{be("s-a", 1)}},
 		}},
+		// Every backendRef invalid: 500 (conformance
+		// HTTPRouteInvalidBackendRefUnknownKind found nginx answering 404).
+		"broken": {Hostnames: []gwv1.Hostname{"broken.example"}, Rules: []gwv1.HTTPRouteRule{
+			{BackendRefs: []gwv1.HTTPBackendRef{be("nonexistent", 1)}}}},
 		// A value that would end nginx's string: refused, reported, not served.
 		"bad": {Hostnames: []gwv1.Hostname{"bad.example"}, Rules: []gwv1.HTTPRouteRule{
 			{Matches: []gwv1.HTTPRouteMatch{{Headers: []gwv1.HTTPHeaderMatch{{Name: "X-A", Value: `a"; return 200 "pwned`}}}}, BackendRefs: []gwv1.HTTPBackendRef{be("s-a", 1)}}}},
@@ -254,11 +258,22 @@ func testHTTPRoute(t *testing.T, mode string) {
 			{"GET", "match.example", "/q?v=c", nil, 200, "c"},
 			{"GET", "match.example", "/q?v=d", nil, 200, "a"},
 			{"GET", "other.example", "/", nil, 404, ""},
+			{"GET", "broken.example", "/x", nil, 500, ""},
 		} {
 			resp, body := get(c.method, c.host, c.path, c.hdr)
 			if resp.StatusCode != c.code || (c.body != "" && body != c.body) {
 				t.Errorf("%s %s%s %v: %d %q, want %d %q", c.method, c.host, c.path, c.hdr, resp.StatusCode, body, c.code, c.body)
 			}
+		}
+	})
+
+	// The Host header reaches the backend as sent, port included
+	// (conformance HTTPRouteHostnameIntersection found nginx's $host
+	// dropping it).
+	t.Run("HostHeaderKept", func(t *testing.T) {
+		resp, _ := get("GET", "match.example", "/x", map[string]string{"X-Pick": "b"})
+		if got, want := resp.Header.Get("X-Seen-Host"), fmt.Sprintf("match.example:%d", httpPort); got != want {
+			t.Errorf("Host at the backend %q, want %q", got, want)
 		}
 	})
 
