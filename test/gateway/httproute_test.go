@@ -350,6 +350,19 @@ func testHTTPRoute(t *testing.T, mode string) {
 		if resp.StatusCode != 200 || resp.TLS == nil || resp.TLS.PeerCertificates[0].Subject.CommonName != "split.example" {
 			t.Errorf("HTTPS: %d %+v", resp.StatusCode, resp.TLS)
 		}
+		// A name no route covers, on a listener without a hostname: the
+		// listener's certificate, then 404 (conformance
+		// HTTPRouteHTTPSListener found the handshake refused).
+		u := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true,
+			TLSClientConfig: &tls.Config{ServerName: "unknown.example", InsecureSkipVerify: true}}} // the name is not the certificate's
+		resp, err = u.Get(fmt.Sprintf("https://unknown.example:%d/", httpsPort))
+		if err != nil {
+			t.Fatalf("HTTPS to a name no route covers: %v", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 404 || resp.TLS.PeerCertificates[0].Subject.CommonName != "split.example" {
+			t.Errorf("HTTPS to a name no route covers: %d, certificate %q; want 404 with the listener's", resp.StatusCode, resp.TLS.PeerCertificates[0].Subject.CommonName)
+		}
 	})
 
 	t.Run("ReloadsOnlyOnTextChange", func(t *testing.T) {
