@@ -49,9 +49,11 @@ func (f *gatewayFlags) register(cmd *cobra.Command, run bool) {
 	fl := cmd.Flags()
 	fl.BoolVar(&f.enabled, "gateway", false, "serve Gateway API TCPRoutes and UDPRoutes of GatewayClasses with controllerName "+string(gateway.ControllerName)+" (needs the API server and the Gateway API CRDs); with --ingress also HTTPRoutes on HTTP listeners, through nginx")
 	fl.StringVar(&f.pool, "gateway-address-pool", "", "CIDR that Gateways without spec.addresses get an address from; empty: none")
+	fl.IntVar(&f.httpPortBase, "gateway-http-port-base", gateway.DefaultHTTPPortBase, "first port nginx serves HTTP/HTTPS listeners on, one per Gateway and listener port; the Gateway address's listener port is forwarded to it (--ingress)")
 	if run {
 		fl.StringVar(&f.leaseNS, "gateway-lease-namespace", "steelyard", "namespace of the Lease that elects the one agent writing Gateway API status")
-		fl.IntVar(&f.httpPortBase, "gateway-http-port-base", gateway.DefaultHTTPPortBase, "first port nginx serves HTTP/HTTPS listeners on, one per Gateway and listener port; the Gateway address's listener port is forwarded to it (--ingress)")
+	} else {
+		fl.BoolVar(&f.http, "gateway-http", false, "the agents run with --ingress too: expect HTTP/HTTPS listeners forwarded to nginx")
 	}
 }
 
@@ -139,9 +141,13 @@ func (f *gatewayFlags) routes(ctx context.Context, kubeconfig string, svcs []*co
 	if err != nil {
 		return err
 	}
-	in, err := gateway.List(ctx, gw, kube, svcs, f.parsedNet)
+	in, err := gateway.List(ctx, gw, kube, svcs, f.parsedNet, f.http)
 	if err != nil {
 		return err
+	}
+	in.HTTPPortBase = int32(f.httpPortBase)
+	if f.nodeAddrs != nil {
+		in.NodeAddrs = f.nodeAddrs()
 	}
 	builder.SetRoutes(gateway.Translate(in).Routes)
 	return nil

@@ -262,9 +262,19 @@ func ParsePool(s string) (netip.Prefix, error) {
 	return p.Masked(), nil
 }
 
-// List reads the Gateway API objects once (for verify).
-func List(ctx context.Context, gw versioned.Interface, kube kubernetes.Interface, svcs []*corev1.Service, pool netip.Prefix) (Input, error) {
-	in := Input{Services: svcs, Pool: pool}
+// List reads the Gateway API objects once (for verify); with http (the
+// agents serve HTTP listeners), the TLS Secrets too.
+func List(ctx context.Context, gw versioned.Interface, kube kubernetes.Interface, svcs []*corev1.Service, pool netip.Prefix, http bool) (Input, error) {
+	in := Input{Services: svcs, Pool: pool, HTTP: http}
+	if http {
+		sl, err := kube.CoreV1().Secrets("").List(ctx, metav1.ListOptions{FieldSelector: "type=" + string(corev1.SecretTypeTLS)})
+		if err != nil {
+			return in, fmt.Errorf("list Secrets: %w", err)
+		}
+		for i := range sl.Items {
+			in.Secrets = append(in.Secrets, &sl.Items[i])
+		}
+	}
 	v1 := gw.GatewayV1()
 	cl, err := v1.GatewayClasses().List(ctx, metav1.ListOptions{})
 	if err != nil {

@@ -365,6 +365,15 @@ func testHTTPRoute(t *testing.T, mode string) {
 		}
 	})
 
+	// verify expects the listeners' forwards to nginx too (--gateway-http).
+	t.Run("Verify", func(t *testing.T) {
+		sandbox.Poll(t, 10*time.Second, 100*time.Millisecond, "verify --gateway --gateway-http", func() (bool, string) {
+			o, e, err := w.SB.Node.Exec2(steelyardBin, "verify", "--kubeconfig", cp.Kubeconfig, "--mode", mode, "--node-name", harness.NodeName,
+				"--gateway", "--gateway-http")
+			return err == nil, o + e
+		})
+	})
+
 	t.Run("ReloadsOnlyOnTextChange", func(t *testing.T) {
 		const reloads = "steelyard_ingress_nginx_reloads_total"
 		r0, err := w.Metric(reloads)
