@@ -169,13 +169,22 @@ func (w *StatusWriter) write(ctx context.Context, res *Result) bool {
 	opts := metav1.UpdateOptions{}
 	tcp, _ := w.Source.tcpRoutes.List(everything)
 	writeRoutes(ctx, KindTCPRoute, tcp, res, now, fail, func(r *gwv1.TCPRoute) *gwv1.RouteStatus { return &r.Status.RouteStatus },
-		func(ctx context.Context, r *gwv1.TCPRoute) error { _, err := v1.TCPRoutes(r.Namespace).UpdateStatus(ctx, r, opts); return err })
+		func(ctx context.Context, r *gwv1.TCPRoute) error {
+			_, err := v1.TCPRoutes(r.Namespace).UpdateStatus(ctx, r, opts)
+			return err
+		})
 	udp, _ := w.Source.udpRoutes.List(everything)
 	writeRoutes(ctx, KindUDPRoute, udp, res, now, fail, func(r *gwv1.UDPRoute) *gwv1.RouteStatus { return &r.Status.RouteStatus },
-		func(ctx context.Context, r *gwv1.UDPRoute) error { _, err := v1.UDPRoutes(r.Namespace).UpdateStatus(ctx, r, opts); return err })
+		func(ctx context.Context, r *gwv1.UDPRoute) error {
+			_, err := v1.UDPRoutes(r.Namespace).UpdateStatus(ctx, r, opts)
+			return err
+		})
 	hr, _ := w.Source.httpRoutes.List(everything)
 	writeRoutes(ctx, KindHTTPRoute, hr, res, now, fail, func(r *gwv1.HTTPRoute) *gwv1.RouteStatus { return &r.Status.RouteStatus },
-		func(ctx context.Context, r *gwv1.HTTPRoute) error { _, err := v1.HTTPRoutes(r.Namespace).UpdateStatus(ctx, r, opts); return err })
+		func(ctx context.Context, r *gwv1.HTTPRoute) error {
+			_, err := v1.HTTPRoutes(r.Namespace).UpdateStatus(ctx, r, opts)
+			return err
+		})
 	return ok
 }
 

@@ -104,9 +104,9 @@ type listener struct {
 	// badCert marks an HTTPS listener that is invalid only for its
 	// certificateRefs: routes still attach (attachedRoutes counts them,
 	// as conformance GatewayWithAttachedRoutes wants), none is served.
-	badCert bool
-	kinds     []gwv1.RouteGroupKind
-	attached  int32
+	badCert  bool
+	kinds    []gwv1.RouteGroupKind
+	attached int32
 	// route is the route that holds the listener (the oldest attached).
 	route string
 	cond  []metav1.Condition
