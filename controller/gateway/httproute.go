@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"fmt"
-	"net/netip"
 	"slices"
 	"strings"
 
@@ -12,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
-	"github.com/steelyard-net/steelyard/controller"
 	"github.com/steelyard-net/steelyard/controller/ingress"
 	"github.com/steelyard-net/steelyard/dataplane"
 )
@@ -40,7 +38,7 @@ func translateHTTP(in Input, listeners map[types.NamespacedName][]*listener, svc
 			if c.Status != metav1.ConditionTrue && resolved.Status == metav1.ConditionTrue {
 				resolved = withGen(c, hr.Generation)
 			}
-			out.Backends = append(out.Backends, httpBackends(refs, svcs))
+			out.Backends = append(out.Backends, httpBackends(refs, svcs, in.Slices))
 		}
 		invalid := ingress.ValidateHTTPRoute(hr)
 		var parents []gwv1.RouteParentStatus
@@ -59,25 +57,6 @@ func translateHTTP(in Input, listeners map[types.NamespacedName][]*listener, svc
 			res.HTTP = append(res.HTTP, out)
 		}
 	}
-}
-
-// httpBackends turns resolved backendRefs into Service VIPs for nginx.
-func httpBackends(refs []controller.RouteBackend, svcs map[types.NamespacedName]*corev1.Service) []ingress.HTTPBackend {
-	var out []ingress.HTTPBackend
-	for _, rb := range refs {
-		b := ingress.HTTPBackend{Weight: int32(min(rb.Weight, 1<<20)), Invalid: rb.Invalid}
-		if !b.Invalid {
-			svc := svcs[types.NamespacedName{Namespace: rb.Namespace, Name: rb.Service}]
-			ip, err := netip.ParseAddr(svc.Spec.ClusterIP)
-			if err != nil || ip.IsUnspecified() {
-				b.Invalid = true // headless: no VIP to proxy to
-			} else {
-				b.Addr = netip.AddrPortFrom(ip, uint16(rb.Port))
-			}
-		}
-		out = append(out, b)
-	}
-	return out
 }
 
 // attachHTTP attaches an HTTPRoute to one parentRef; nil when the parent

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -191,5 +192,54 @@ func TestHTTPSListeners(t *testing.T) {
 	gs = Translate(in).Gateways[types.NamespacedName{Namespace: ns, Name: "gw"}]
 	if c := condOf(t, gs.Listeners[2].Conditions, "ResolvedRefs"); c.Status != metav1.ConditionTrue {
 		t.Errorf("cross with a grant: %+v", c)
+	}
+}
+
+// TestHTTPHeadlessBackend: a headless Service as a backendRef (conformance
+// HTTPRouteServiceTypes) is served by its ready endpoints at the slice
+// port of the backendRef's Service port, weighted so the backendRef keeps
+// its share: 1:1 with a VIP backend over 2 endpoints gives 1+1 : 2.
+func TestHTTPHeadlessBackend(t *testing.T) {
+	head := svc("head", "None", nil)
+	head.Spec.Ports = []corev1.ServicePort{{Name: "first-port", Port: 8080, Protocol: corev1.ProtocolTCP}}
+	ref := backendRef("head", 1)
+	ref.Port = ptr.To(gwv1.PortNumber(8080))
+	ready, notReady := true, false
+	sl := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "head-1", Labels: map[string]string{discoveryv1.LabelServiceName: "head"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("first-port"), Port: ptr.To[int32](3000)}},
+		Endpoints: []discoveryv1.Endpoint{
+			{Addresses: []string{"198.19.1.1"}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}},
+			{Addresses: []string{"198.19.1.2"}},
+			{Addresses: []string{"198.19.1.3"}, Conditions: discoveryv1.EndpointConditions{Ready: &notReady}},
+		}}
+	res := Translate(Input{
+		Classes:    []*gwv1.GatewayClass{class()},
+		Gateways:   []*gwv1.Gateway{gw("gw", 0, gwv1.Listener{Name: "http", Protocol: gwv1.HTTPProtocolType, Port: 80})},
+		HTTPRoutes: []*gwv1.HTTPRoute{httpRoute("r", 0, nil, gwv1.ParentReference{Name: "gw"}, ref, backendRef("s1", 1))},
+		Services:   []*corev1.Service{head, svc("s1", "198.18.0.1", nil)},
+		Slices:     []*discoveryv1.EndpointSlice{sl},
+		Pool:       netip.MustParsePrefix("198.18.200.0/30"),
+		HTTP:       true,
+	})
+	if len(res.HTTP) != 1 {
+		t.Fatalf("HTTP %+v", res.HTTP)
+	}
+	got := map[string]int32{}
+	for _, b := range res.HTTP[0].Backends[0] {
+		if b.Invalid {
+			t.Errorf("invalid backend %+v", b)
+		}
+		got[b.Addr.String()] = b.Weight
+	}
+	want := map[string]int32{"198.19.1.1:3000": 1, "198.19.1.2:3000": 1, "198.18.0.1:80": 2}
+	if len(got) != len(want) {
+		t.Errorf("servers %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("servers %v, want %v", got, want)
+			break
+		}
 	}
 }

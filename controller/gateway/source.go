@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	discoverylisters "k8s.io/client-go/listers/discovery/v1"
 	"k8s.io/client-go/tools/cache"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	"sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
@@ -62,6 +63,7 @@ type Source struct {
 	grants        gwlisters.ReferenceGrantLister
 	namespaces    corelisters.NamespaceLister
 	secrets       corelisters.SecretLister
+	slices        discoverylisters.EndpointSliceLister
 	synced        []cache.InformerSynced
 
 	mu sync.Mutex
@@ -107,6 +109,10 @@ func (s *Source) Start(ctx context.Context, onChange func()) error {
 		s.secrets = f.Core().V1().Secrets().Lister()
 		infs = append(infs, f.Core().V1().Secrets().Informer())
 		s.secretFactory = f
+		// EndpointSlices, for HTTPRoute backends that are headless
+		// Services (nginx proxies to their endpoints; a VIP has none).
+		s.slices = s.kubeFactory.Discovery().V1().EndpointSlices().Lister()
+		infs = append(infs, s.kubeFactory.Discovery().V1().EndpointSlices().Informer())
 	}
 	for _, inf := range infs {
 		if _, err := inf.AddEventHandler(handler(onChange)); err != nil {
@@ -178,6 +184,11 @@ func (s *Source) Snapshot(svcs []*corev1.Service) Input {
 	if s.secrets != nil {
 		if in.Secrets, err = s.secrets.List(labels.Everything()); err != nil {
 			log.WithError(err).Warn("listing Secrets")
+		}
+	}
+	if s.slices != nil {
+		if in.Slices, err = s.slices.List(labels.Everything()); err != nil {
+			log.WithError(err).Warn("listing EndpointSlices")
 		}
 	}
 	if in.Classes, err = s.classes.List(labels.Everything()); err != nil {

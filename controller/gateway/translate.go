@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -51,6 +52,9 @@ type Input struct {
 	// Secrets are the kubernetes.io/tls Secrets HTTPS listeners may name
 	// (read only with HTTP).
 	Secrets []*corev1.Secret
+	// Slices are the EndpointSlices of headless Services that HTTPRoutes
+	// name (read only with HTTP): nginx proxies to their endpoints.
+	Slices []*discoveryv1.EndpointSlice
 	// NodeAddrs are this node's addresses: an HTTP listener's Gateway
 	// address and port are forwarded to nginx on the one of its family.
 	NodeAddrs []netip.Addr
