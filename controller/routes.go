@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
@@ -47,6 +48,10 @@ type ListenerRoute struct {
 	Name     dataplane.ServicePortName
 	VIP      dataplane.VIP
 	Backends []RouteBackend
+	// Local, when set, are the listener's backends as they are, instead
+	// of Backends: this node's own nginx for an HTTP listener (the
+	// Gateway address's port forwarded to the port nginx serves it on).
+	Local []dataplane.Backend
 }
 
 // ServiceRoute is a route whose parentRef is a Service port.
@@ -98,6 +103,11 @@ func (bd *build) listenerPorts() []dataplane.ServicePort {
 			continue
 		}
 		sp := dataplane.ServicePort{Name: lr.Name, VIP: lr.VIP}
+		if len(lr.Local) > 0 {
+			sp.Backends = slices.Clone(lr.Local)
+			out = append(out, sp)
+			continue
+		}
 		sp.Backends, sp.RejectWeight = bd.routeBackends(lr.Name.String(), lr.Backends, lr.VIP.Protocol, family)
 		out = append(out, sp)
 	}

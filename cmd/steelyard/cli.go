@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net/netip"
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
@@ -78,7 +79,10 @@ func newVerifyCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			builder, _ := node.builder(cmd.Context(), d, kubeconfig, manifests, nodeName)
+			builder, primary := node.builder(cmd.Context(), d, kubeconfig, manifests, nodeName)
+			// Where HTTP listeners are forwarded: as run finds them without
+			// --nodeport-addresses.
+			gw.nodeAddrs = func() []netip.Addr { return nodePortAddresses(nil, primary) }
 			if err := gw.check(manifests); err != nil {
 				return err
 			}

@@ -30,6 +30,10 @@ type gatewayFlags struct {
 	// accept HTTPRoutes; src is the running source.
 	http bool
 	src  *gateway.Source
+	// httpPortBase is --gateway-http-port-base; nodeAddrs are the node's
+	// addresses (set by run), where HTTP listeners are forwarded to nginx.
+	httpPortBase int
+	nodeAddrs    func() []netip.Addr
 }
 
 // httpRoutes returns what the nginx layer renders for the Gateway API
@@ -45,8 +49,11 @@ func (f *gatewayFlags) register(cmd *cobra.Command, run bool) {
 	fl := cmd.Flags()
 	fl.BoolVar(&f.enabled, "gateway", false, "serve Gateway API TCPRoutes and UDPRoutes of GatewayClasses with controllerName "+string(gateway.ControllerName)+" (needs the API server and the Gateway API CRDs); with --ingress also HTTPRoutes on HTTP listeners, through nginx")
 	fl.StringVar(&f.pool, "gateway-address-pool", "", "CIDR that Gateways without spec.addresses get an address from; empty: none")
+	fl.IntVar(&f.httpPortBase, "gateway-http-port-base", gateway.DefaultHTTPPortBase, "first port nginx serves HTTP/HTTPS listeners on, one per Gateway and listener port; the Gateway address's listener port is forwarded to it (--ingress)")
 	if run {
 		fl.StringVar(&f.leaseNS, "gateway-lease-namespace", "steelyard", "namespace of the Lease that elects the one agent writing Gateway API status")
+	} else {
+		fl.BoolVar(&f.http, "gateway-http", false, "the agents run with --ingress too: expect HTTP/HTTPS listeners forwarded to nginx")
 	}
 }
 
@@ -56,6 +63,9 @@ func (f *gatewayFlags) check(manifests string) error {
 	}
 	if manifests != "" {
 		return errors.New("--gateway needs the API server as source, not --manifests")
+	}
+	if f.httpPortBase < 0 || f.httpPortBase > 65535 {
+		return fmt.Errorf("--gateway-http-port-base %d: want 1 to 65535", f.httpPortBase)
 	}
 	p, err := gateway.ParsePool(f.pool)
 	f.parsedNet = p
@@ -100,6 +110,7 @@ func (f *gatewayFlags) start(ctx context.Context, kubeconfig, nodeName string, a
 	}
 	src := gateway.NewSource(gw, kube, f.parsedNet)
 	src.ServeHTTP = f.http
+	src.HTTPPortBase, src.NodeAddrs = int32(f.httpPortBase), f.nodeAddrs
 	f.src = src
 	w := &gateway.StatusWriter{Source: src, GW: gw, Kube: kube, Identity: nodeName, Namespace: f.leaseNS}
 	if err := w.Run(ctx); err != nil {
@@ -130,9 +141,13 @@ func (f *gatewayFlags) routes(ctx context.Context, kubeconfig string, svcs []*co
 	if err != nil {
 		return err
 	}
-	in, err := gateway.List(ctx, gw, kube, svcs, f.parsedNet)
+	in, err := gateway.List(ctx, gw, kube, svcs, f.parsedNet, f.http)
 	if err != nil {
 		return err
+	}
+	in.HTTPPortBase = int32(f.httpPortBase)
+	if f.nodeAddrs != nil {
+		in.NodeAddrs = f.nodeAddrs()
 	}
 	builder.SetRoutes(gateway.Translate(in).Routes)
 	return nil

@@ -167,6 +167,7 @@ func newRunCommand() *cobra.Command {
 				metrics.WatchTracker(src.Tracker)
 				metrics.WatchAPIServer(src.API)
 				gw.http = ing.enabled // HTTPRoutes through the nginx layer
+				gw.nodeAddrs = addrs.get
 				waitGateway, err := gw.start(ctx, kubeconfig, nodeName, agent, func() { r.Trigger(); ing.poke() })
 				if err != nil {
 					return err

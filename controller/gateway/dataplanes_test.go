@@ -56,19 +56,7 @@ func TestRoutesInDataplanes(t *testing.T) {
 	ipt := iptables.NewProxier(iptables.NewFake(), iptables.Config{Masquerade: dataplane.Masquerade{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.19.0.0/17")}}})
 	check(t, "iptables", ipt, st, want)
 
-	dir := t.TempDir()
-	for _, sc := range ipvs.Sysctls {
-		path := filepath.Join(dir, strings.ReplaceAll(sc.Name, ".", "/"))
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, []byte("0\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ip := ipvs.NewProxier(ipvs.NewFake(), ipvs.NewFakeLinks(), ipvs.NewFakeSets(), iptables.NewFake(),
-		ipvs.Config{SysctlDir: dir, Masquerade: dataplane.Masquerade{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.19.0.0/17")}}})
-	check(t, "ipvs", ip, st, want)
+	check(t, "ipvs", newIPVS(t, dataplane.Masquerade{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.19.0.0/17")}}), st, want)
 }
 
 func check(t *testing.T, name string, d dataplane.Dataplane, st dataplane.State, want map[string]map[string]float64) {

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"fmt"
-	"net/netip"
 	"slices"
 	"strings"
 
@@ -12,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
-	"github.com/steelyard-net/steelyard/controller"
 	"github.com/steelyard-net/steelyard/controller/ingress"
 	"github.com/steelyard-net/steelyard/dataplane"
 )
@@ -40,7 +38,7 @@ func translateHTTP(in Input, listeners map[types.NamespacedName][]*listener, svc
 			if c.Status != metav1.ConditionTrue && resolved.Status == metav1.ConditionTrue {
 				resolved = withGen(c, hr.Generation)
 			}
-			out.Backends = append(out.Backends, httpBackends(refs, svcs))
+			out.Backends = append(out.Backends, httpBackends(refs, svcs, in.Slices))
 		}
 		invalid := ingress.ValidateHTTPRoute(hr)
 		var parents []gwv1.RouteParentStatus
@@ -59,25 +57,6 @@ func translateHTTP(in Input, listeners map[types.NamespacedName][]*listener, svc
 			res.HTTP = append(res.HTTP, out)
 		}
 	}
-}
-
-// httpBackends turns resolved backendRefs into Service VIPs for nginx.
-func httpBackends(refs []controller.RouteBackend, svcs map[types.NamespacedName]*corev1.Service) []ingress.HTTPBackend {
-	var out []ingress.HTTPBackend
-	for _, rb := range refs {
-		b := ingress.HTTPBackend{Weight: int32(min(rb.Weight, 1<<20)), Invalid: rb.Invalid}
-		if !b.Invalid {
-			svc := svcs[types.NamespacedName{Namespace: rb.Namespace, Name: rb.Service}]
-			ip, err := netip.ParseAddr(svc.Spec.ClusterIP)
-			if err != nil || ip.IsUnspecified() {
-				b.Invalid = true // headless: no VIP to proxy to
-			} else {
-				b.Addr = netip.AddrPortFrom(ip, uint16(rb.Port))
-			}
-		}
-		out = append(out, b)
-	}
-	return out
 }
 
 // attachHTTP attaches an HTTPRoute to one parentRef; nil when the parent
@@ -111,7 +90,7 @@ func attachHTTP(hr *gwv1.HTTPRoute, pr gwv1.ParentReference, invalid error, list
 			continue
 		}
 		matched++
-		if !l.valid || !l.http || !kindAllowed(l, KindHTTPRoute) || !namespaceAllowed(l, hr.Namespace, nsLabels) {
+		if !(l.valid || l.badCert) || !l.http || !kindAllowed(l, KindHTTPRoute) || !namespaceAllowed(l, hr.Namespace, nsLabels) {
 			continue
 		}
 		allowed++
@@ -121,8 +100,11 @@ func attachHTTP(hr *gwv1.HTTPRoute, pr gwv1.ParentReference, invalid error, list
 		}
 		hosted++
 		l.attached++
-		out.Attach = append(out.Attach, ingress.HTTPAttachment{Port: int32(l.spec.Port), Hostnames: hosts, Listener: ns + "/" + string(pr.Name) + "/" + string(l.spec.Name),
-			TLSSecret: l.tlsSecret})
+		if !l.valid {
+			continue // attached, not served: the listener has no certificate
+		}
+		out.Attach = append(out.Attach, ingress.HTTPAttachment{Port: int32(l.spec.Port), ListenPort: l.nginxPort, Hostnames: hosts, Listener: ns + "/" + string(pr.Name) + "/" + string(l.spec.Name),
+			TLSSecret: l.tlsSecret, AnyHost: l.spec.Hostname == nil})
 	}
 	switch {
 	case matched == 0:
@@ -178,7 +160,7 @@ func wildcardCovers(w, n string) bool {
 // listenerSecret checks an HTTPS listener's TLS settings and returns its
 // certificate Secret ("namespace/name"), or "" with the ResolvedRefs reason
 // and message. The Secret's content is checked by the nginx renderer.
-func listenerSecret(g *gwv1.Gateway, l gwv1.Listener, grants []*gwv1.ReferenceGrant) (string, string, string) {
+func listenerSecret(g *gwv1.Gateway, l gwv1.Listener, grants []*gwv1.ReferenceGrant, secrets map[types.NamespacedName]*corev1.Secret) (string, string, string) {
 	if l.TLS == nil || len(l.TLS.CertificateRefs) == 0 {
 		return "", string(gwv1.ListenerReasonInvalidCertificateRef), "an HTTPS listener needs tls.certificateRefs"
 	}
@@ -203,6 +185,13 @@ func listenerSecret(g *gwv1.Gateway, l gwv1.Listener, grants []*gwv1.ReferenceGr
 			})
 	}) {
 		return "", string(gwv1.ListenerReasonRefNotPermitted), fmt.Sprintf("Secret %s/%s: no ReferenceGrant in %s allows it", ns, ref.Name, ns)
+	}
+	sec := secrets[types.NamespacedName{Namespace: ns, Name: string(ref.Name)}]
+	if sec == nil {
+		return "", string(gwv1.ListenerReasonInvalidCertificateRef), fmt.Sprintf("Secret %s/%s not found (or not of type %s)", ns, ref.Name, corev1.SecretTypeTLS)
+	}
+	if err := ingress.CheckTLSSecret(sec); err != nil {
+		return "", string(gwv1.ListenerReasonInvalidCertificateRef), fmt.Sprintf("Secret %s/%s: %v", ns, ref.Name, err)
 	}
 	return ns + "/" + string(ref.Name), string(gwv1.ListenerReasonResolvedRefs), ""
 }

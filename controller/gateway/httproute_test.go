@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -149,17 +150,32 @@ func TestHTTPSListeners(t *testing.T) {
 		Gateways: []*gwv1.Gateway{gw("gw", 0,
 			gwv1.Listener{Name: "good", Protocol: gwv1.HTTPSProtocolType, Port: 8443, TLS: certRef("", "cert")},
 			gwv1.Listener{Name: "none", Protocol: gwv1.HTTPSProtocolType, Port: 8444},
-			gwv1.Listener{Name: "cross", Protocol: gwv1.HTTPSProtocolType, Port: 8445, TLS: certRef("other", "cert")})},
+			gwv1.Listener{Name: "cross", Protocol: gwv1.HTTPSProtocolType, Port: 8445, TLS: certRef("other", "cert")},
+			gwv1.Listener{Name: "missing", Protocol: gwv1.HTTPSProtocolType, Port: 8446, TLS: certRef("", "nonexistent")},
+			gwv1.Listener{Name: "malformed", Protocol: gwv1.HTTPSProtocolType, Port: 8447, TLS: certRef("", "malformed")})},
 		HTTPRoutes: []*gwv1.HTTPRoute{httpRoute("r", 0, nil, gwv1.ParentReference{Name: "gw"}, backendRef("s1", 1))},
 		Services:   []*corev1.Service{svc("s1", "198.18.0.1", nil)},
-		Pool:       netip.MustParsePrefix("198.18.200.0/30"),
-		HTTP:       true,
+		Secrets: []*corev1.Secret{tlsSecret(t, ns, "cert"), tlsSecret(t, "other", "cert"),
+			// conformance GatewayInvalidTLSConfiguration's malformed Secret
+			{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "malformed"}, Type: corev1.SecretTypeTLS,
+				Data: map[string][]byte{corev1.TLSCertKey: []byte("Hello world\n"), corev1.TLSPrivateKeyKey: []byte("Hello world\n")}}},
+		Pool: netip.MustParsePrefix("198.18.200.0/30"),
+		HTTP: true,
 	}
 	res := Translate(in)
 	gs := res.Gateways[types.NamespacedName{Namespace: ns, Name: "gw"}]
-	for i, want := range []string{"ResolvedRefs", "InvalidCertificateRef", "RefNotPermitted"} {
+	for i, want := range []string{"ResolvedRefs", "InvalidCertificateRef", "RefNotPermitted", "InvalidCertificateRef", "InvalidCertificateRef"} {
 		if c := condOf(t, gs.Listeners[i].Conditions, "ResolvedRefs"); c.Reason != want {
 			t.Errorf("listener %s: ResolvedRefs %s (%s), want %s", gs.Listeners[i].Name, c.Reason, c.Message, want)
+		}
+	}
+	// A certificateRef that cannot be used: the listener is not Programmed
+	// (reason Invalid); routes still attach to it (attachedRoutes counts
+	// them, conformance GatewayWithAttachedRoutes) but none is served.
+	for _, i := range []int{3, 4} {
+		c := condOf(t, gs.Listeners[i].Conditions, "Programmed")
+		if c.Status != metav1.ConditionFalse || c.Reason != "Invalid" || gs.Listeners[i].AttachedRoutes != 1 {
+			t.Errorf("listener %s: Programmed %s %s, attachedRoutes %d; want False Invalid, 1", gs.Listeners[i].Name, c.Status, c.Reason, gs.Listeners[i].AttachedRoutes)
 		}
 	}
 	if len(res.HTTP) != 1 || len(res.HTTP[0].Attach) != 1 || res.HTTP[0].Attach[0].TLSSecret != ns+"/cert" || res.HTTP[0].Attach[0].Port != 8443 {
@@ -176,5 +192,54 @@ func TestHTTPSListeners(t *testing.T) {
 	gs = Translate(in).Gateways[types.NamespacedName{Namespace: ns, Name: "gw"}]
 	if c := condOf(t, gs.Listeners[2].Conditions, "ResolvedRefs"); c.Status != metav1.ConditionTrue {
 		t.Errorf("cross with a grant: %+v", c)
+	}
+}
+
+// TestHTTPHeadlessBackend: a headless Service as a backendRef (conformance
+// HTTPRouteServiceTypes) is served by its ready endpoints at the slice
+// port of the backendRef's Service port, weighted so the backendRef keeps
+// its share: 1:1 with a VIP backend over 2 endpoints gives 1+1 : 2.
+func TestHTTPHeadlessBackend(t *testing.T) {
+	head := svc("head", "None", nil)
+	head.Spec.Ports = []corev1.ServicePort{{Name: "first-port", Port: 8080, Protocol: corev1.ProtocolTCP}}
+	ref := backendRef("head", 1)
+	ref.Port = ptr.To(gwv1.PortNumber(8080))
+	ready, notReady := true, false
+	sl := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "head-1", Labels: map[string]string{discoveryv1.LabelServiceName: "head"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("first-port"), Port: ptr.To[int32](3000)}},
+		Endpoints: []discoveryv1.Endpoint{
+			{Addresses: []string{"198.19.1.1"}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}},
+			{Addresses: []string{"198.19.1.2"}},
+			{Addresses: []string{"198.19.1.3"}, Conditions: discoveryv1.EndpointConditions{Ready: &notReady}},
+		}}
+	res := Translate(Input{
+		Classes:    []*gwv1.GatewayClass{class()},
+		Gateways:   []*gwv1.Gateway{gw("gw", 0, gwv1.Listener{Name: "http", Protocol: gwv1.HTTPProtocolType, Port: 80})},
+		HTTPRoutes: []*gwv1.HTTPRoute{httpRoute("r", 0, nil, gwv1.ParentReference{Name: "gw"}, ref, backendRef("s1", 1))},
+		Services:   []*corev1.Service{head, svc("s1", "198.18.0.1", nil)},
+		Slices:     []*discoveryv1.EndpointSlice{sl},
+		Pool:       netip.MustParsePrefix("198.18.200.0/30"),
+		HTTP:       true,
+	})
+	if len(res.HTTP) != 1 {
+		t.Fatalf("HTTP %+v", res.HTTP)
+	}
+	got := map[string]int32{}
+	for _, b := range res.HTTP[0].Backends[0] {
+		if b.Invalid {
+			t.Errorf("invalid backend %+v", b)
+		}
+		got[b.Addr.String()] = b.Weight
+	}
+	want := map[string]int32{"198.19.1.1:3000": 1, "198.19.1.2:3000": 1, "198.18.0.1:80": 2}
+	if len(got) != len(want) {
+		t.Errorf("servers %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("servers %v, want %v", got, want)
+			break
+		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	discoverylisters "k8s.io/client-go/listers/discovery/v1"
 	"k8s.io/client-go/tools/cache"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	"sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
@@ -39,20 +40,31 @@ const (
 // StatusWriter, which writes only on the leader.
 type Source struct {
 	pool netip.Prefix
+	kube kubernetes.Interface
 	// ServeHTTP makes HTTP listeners accept HTTPRoutes (the nginx layer
-	// runs); set it before Start.
+	// runs); set it before Start. It also watches kubernetes.io/tls
+	// Secrets, for the ResolvedRefs of HTTPS listeners.
 	ServeHTTP bool
+	// NodeAddrs returns this node's addresses, where HTTP listeners are
+	// forwarded to nginx (nil: none, and no forward).
+	NodeAddrs func() []netip.Addr
+	// HTTPPortBase is the first nginx port of HTTP listeners (0: default).
+	HTTPPortBase int32
 
 	gwFactory   gwinformers.SharedInformerFactory
 	kubeFactory informers.SharedInformerFactory
-	classes     gwlisters.GatewayClassLister
-	gateways    gwlisters.GatewayLister
-	tcpRoutes   gwlisters.TCPRouteLister
-	udpRoutes   gwlisters.UDPRouteLister
-	httpRoutes  gwlisters.HTTPRouteLister
-	grants      gwlisters.ReferenceGrantLister
-	namespaces  corelisters.NamespaceLister
-	synced      []cache.InformerSynced
+	// secretFactory watches TLS Secrets (ServeHTTP only).
+	secretFactory informers.SharedInformerFactory
+	classes       gwlisters.GatewayClassLister
+	gateways      gwlisters.GatewayLister
+	tcpRoutes     gwlisters.TCPRouteLister
+	udpRoutes     gwlisters.UDPRouteLister
+	httpRoutes    gwlisters.HTTPRouteLister
+	grants        gwlisters.ReferenceGrantLister
+	namespaces    corelisters.NamespaceLister
+	secrets       corelisters.SecretLister
+	slices        discoverylisters.EndpointSliceLister
+	synced        []cache.InformerSynced
 
 	mu sync.Mutex
 	// pending is the Result of the last Routes call, last the one whose
@@ -64,7 +76,7 @@ type Source struct {
 // NewSource returns a source over the clients; Start begins the watch.
 // pool is --gateway-address-pool (zero: none).
 func NewSource(gw versioned.Interface, kube kubernetes.Interface, pool netip.Prefix) *Source {
-	s := &Source{pool: pool, onDone: func() {}}
+	s := &Source{pool: pool, kube: kube, onDone: func() {}}
 	// No resync: every change arrives as an event, and a periodic resync
 	// would only re-deliver what the sync already has.
 	s.gwFactory = gwinformers.NewSharedInformerFactory(gw, 0)
@@ -85,10 +97,24 @@ func NewSource(gw versioned.Interface, kube kubernetes.Interface, pool netip.Pre
 // Gateway holds (they keep pool assignments stable).
 func (s *Source) Start(ctx context.Context, onChange func()) error {
 	v1 := s.gwFactory.Gateway().V1()
-	for _, inf := range []cache.SharedIndexInformer{
+	infs := []cache.SharedIndexInformer{
 		v1.GatewayClasses().Informer(), v1.Gateways().Informer(), v1.TCPRoutes().Informer(),
 		v1.UDPRoutes().Informer(), v1.HTTPRoutes().Informer(), v1.ReferenceGrants().Informer(), s.kubeFactory.Core().V1().Namespaces().Informer(),
-	} {
+	}
+	if s.ServeHTTP {
+		// Only TLS Secrets: the others can never be a certificate.
+		f := informers.NewSharedInformerFactoryWithOptions(s.kube, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = "type=" + string(corev1.SecretTypeTLS)
+		}))
+		s.secrets = f.Core().V1().Secrets().Lister()
+		infs = append(infs, f.Core().V1().Secrets().Informer())
+		s.secretFactory = f
+		// EndpointSlices, for HTTPRoute backends that are headless
+		// Services (nginx proxies to their endpoints; a VIP has none).
+		s.slices = s.kubeFactory.Discovery().V1().EndpointSlices().Lister()
+		infs = append(infs, s.kubeFactory.Discovery().V1().EndpointSlices().Informer())
+	}
+	for _, inf := range infs {
 		if _, err := inf.AddEventHandler(handler(onChange)); err != nil {
 			return err
 		}
@@ -96,6 +122,9 @@ func (s *Source) Start(ctx context.Context, onChange func()) error {
 	}
 	s.gwFactory.Start(ctx.Done())
 	s.kubeFactory.Start(ctx.Done())
+	if s.secretFactory != nil {
+		s.secretFactory.Start(ctx.Done())
+	}
 	if !cache.WaitForCacheSync(ctx.Done(), s.synced...) {
 		return fmt.Errorf("listing Gateway API objects (are the CRDs installed?): %w", context.Cause(ctx))
 	}
@@ -147,8 +176,21 @@ func addrValues(as []gwv1.GatewayStatusAddress) []string {
 
 // Snapshot reads every object the translation needs from the informers.
 func (s *Source) Snapshot(svcs []*corev1.Service) Input {
-	in := Input{Services: svcs, Pool: s.pool, HTTP: s.ServeHTTP}
+	in := Input{Services: svcs, Pool: s.pool, HTTP: s.ServeHTTP, HTTPPortBase: s.HTTPPortBase}
+	if s.NodeAddrs != nil {
+		in.NodeAddrs = s.NodeAddrs()
+	}
 	var err error
+	if s.secrets != nil {
+		if in.Secrets, err = s.secrets.List(labels.Everything()); err != nil {
+			log.WithError(err).Warn("listing Secrets")
+		}
+	}
+	if s.slices != nil {
+		if in.Slices, err = s.slices.List(labels.Everything()); err != nil {
+			log.WithError(err).Warn("listing EndpointSlices")
+		}
+	}
 	if in.Classes, err = s.classes.List(labels.Everything()); err != nil {
 		log.WithError(err).Warn("listing GatewayClasses")
 	}
@@ -231,9 +273,19 @@ func ParsePool(s string) (netip.Prefix, error) {
 	return p.Masked(), nil
 }
 
-// List reads the Gateway API objects once (for verify).
-func List(ctx context.Context, gw versioned.Interface, kube kubernetes.Interface, svcs []*corev1.Service, pool netip.Prefix) (Input, error) {
-	in := Input{Services: svcs, Pool: pool}
+// List reads the Gateway API objects once (for verify); with http (the
+// agents serve HTTP listeners), the TLS Secrets too.
+func List(ctx context.Context, gw versioned.Interface, kube kubernetes.Interface, svcs []*corev1.Service, pool netip.Prefix, http bool) (Input, error) {
+	in := Input{Services: svcs, Pool: pool, HTTP: http}
+	if http {
+		sl, err := kube.CoreV1().Secrets("").List(ctx, metav1.ListOptions{FieldSelector: "type=" + string(corev1.SecretTypeTLS)})
+		if err != nil {
+			return in, fmt.Errorf("list Secrets: %w", err)
+		}
+		for i := range sl.Items {
+			in.Secrets = append(in.Secrets, &sl.Items[i])
+		}
+	}
 	v1 := gw.GatewayV1()
 	cl, err := v1.GatewayClasses().List(ctx, metav1.ListOptions{})
 	if err != nil {

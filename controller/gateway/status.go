@@ -166,43 +166,50 @@ func (w *StatusWriter) write(ctx context.Context, res *Result) bool {
 			fail("Gateway", key.String(), err)
 		}
 	}
+	opts := metav1.UpdateOptions{}
 	tcp, _ := w.Source.tcpRoutes.List(everything)
-	for _, r := range tcp {
-		parents, changed := routeParents(r.Status.Parents, res.RouteParents[KindTCPRoute+"/"+r.Namespace+"/"+r.Name], now)
-		if !changed {
-			continue
-		}
-		r = r.DeepCopy()
-		r.Status.Parents = parents
-		if _, err := v1.TCPRoutes(r.Namespace).UpdateStatus(ctx, r, metav1.UpdateOptions{}); err != nil {
-			fail(KindTCPRoute, r.Namespace+"/"+r.Name, err)
-		}
-	}
+	writeRoutes(ctx, KindTCPRoute, tcp, res, now, fail, func(r *gwv1.TCPRoute) *gwv1.RouteStatus { return &r.Status.RouteStatus },
+		func(ctx context.Context, r *gwv1.TCPRoute) error {
+			_, err := v1.TCPRoutes(r.Namespace).UpdateStatus(ctx, r, opts)
+			return err
+		})
 	udp, _ := w.Source.udpRoutes.List(everything)
-	for _, r := range udp {
-		parents, changed := routeParents(r.Status.Parents, res.RouteParents[KindUDPRoute+"/"+r.Namespace+"/"+r.Name], now)
-		if !changed {
-			continue
-		}
-		r = r.DeepCopy()
-		r.Status.Parents = parents
-		if _, err := v1.UDPRoutes(r.Namespace).UpdateStatus(ctx, r, metav1.UpdateOptions{}); err != nil {
-			fail(KindUDPRoute, r.Namespace+"/"+r.Name, err)
-		}
-	}
+	writeRoutes(ctx, KindUDPRoute, udp, res, now, fail, func(r *gwv1.UDPRoute) *gwv1.RouteStatus { return &r.Status.RouteStatus },
+		func(ctx context.Context, r *gwv1.UDPRoute) error {
+			_, err := v1.UDPRoutes(r.Namespace).UpdateStatus(ctx, r, opts)
+			return err
+		})
 	hr, _ := w.Source.httpRoutes.List(everything)
-	for _, r := range hr {
-		parents, changed := routeParents(r.Status.Parents, res.RouteParents[KindHTTPRoute+"/"+r.Namespace+"/"+r.Name], now)
+	writeRoutes(ctx, KindHTTPRoute, hr, res, now, fail, func(r *gwv1.HTTPRoute) *gwv1.RouteStatus { return &r.Status.RouteStatus },
+		func(ctx context.Context, r *gwv1.HTTPRoute) error {
+			_, err := v1.HTTPRoutes(r.Namespace).UpdateStatus(ctx, r, opts)
+			return err
+		})
+	return ok
+}
+
+// statusObject is what writeRoutes needs of a route object.
+type statusObject[R any] interface {
+	metav1.Object
+	DeepCopy() R
+}
+
+// writeRoutes writes the parents of each route of one kind whose status res
+// changes; status returns the route's RouteStatus, update writes it.
+func writeRoutes[R statusObject[R]](ctx context.Context, kind string, routes []R, res *Result, now metav1.Time,
+	fail func(kind, name string, err error), status func(R) *gwv1.RouteStatus, update func(context.Context, R) error) {
+	for _, r := range routes {
+		name := r.GetNamespace() + "/" + r.GetName()
+		parents, changed := routeParents(status(r).Parents, res.RouteParents[kind+"/"+name], now)
 		if !changed {
 			continue
 		}
 		r = r.DeepCopy()
-		r.Status.Parents = parents
-		if _, err := v1.HTTPRoutes(r.Namespace).UpdateStatus(ctx, r, metav1.UpdateOptions{}); err != nil {
-			fail(KindHTTPRoute, r.Namespace+"/"+r.Name, err)
+		status(r).Parents = parents
+		if err := update(ctx, r); err != nil {
+			fail(kind, name, err)
 		}
 	}
-	return ok
 }
 
 // routeParents returns a route's parents with ours replaced by want (other

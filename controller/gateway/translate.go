@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -48,6 +49,18 @@ type Input struct {
 	// Pool is the --gateway-address-pool: Gateways without spec.addresses
 	// get one address from it. Invalid (zero) for none.
 	Pool netip.Prefix
+	// Secrets are the kubernetes.io/tls Secrets HTTPS listeners may name
+	// (read only with HTTP).
+	Secrets []*corev1.Secret
+	// Slices are the EndpointSlices of headless Services that HTTPRoutes
+	// name (read only with HTTP): nginx proxies to their endpoints.
+	Slices []*discoveryv1.EndpointSlice
+	// NodeAddrs are this node's addresses: an HTTP listener's Gateway
+	// address and port are forwarded to nginx on the one of its family.
+	NodeAddrs []netip.Addr
+	// HTTPPortBase is the first port nginx serves HTTP listeners on (one
+	// per Gateway and listener port); 0 means DefaultHTTPPortBase.
+	HTTPPortBase int32
 }
 
 // Result is what one snapshot means: the splits for the Builder and the
@@ -90,8 +103,14 @@ type listener struct {
 	http bool
 	// tlsSecret is "namespace/name" of an HTTPS listener's certificate.
 	tlsSecret string
-	kinds     []gwv1.RouteGroupKind
-	attached  int32
+	// nginxPort is the port nginx serves a valid HTTP listener on.
+	nginxPort int32
+	// badCert marks an HTTPS listener that is invalid only for its
+	// certificateRefs: routes still attach (attachedRoutes counts them,
+	// as conformance GatewayWithAttachedRoutes wants), none is served.
+	badCert  bool
+	kinds    []gwv1.RouteGroupKind
+	attached int32
 	// route is the route that holds the listener (the oldest attached).
 	route string
 	cond  []metav1.Condition
@@ -129,10 +148,15 @@ func Translate(in Input) Result {
 	sortByAge(gws, func(g *gwv1.Gateway) *metav1.ObjectMeta { return &g.ObjectMeta })
 	addrs := assignAddresses(gws, in.Pool)
 
+	secrets := map[types.NamespacedName]*corev1.Secret{}
+	for _, s := range in.Secrets {
+		secrets[types.NamespacedName{Namespace: s.Namespace, Name: s.Name}] = s
+	}
 	listeners := map[types.NamespacedName][]*listener{}
 	for _, g := range gws {
-		listeners[nn(&g.ObjectMeta)] = gatewayListeners(g, in.HTTP, in.Grants)
+		listeners[nn(&g.ObjectMeta)] = gatewayListeners(g, in.HTTP, in.Grants, secrets)
 	}
+	nginxPorts(gws, listeners, in.HTTPPortBase)
 
 	var routes []*route
 	for _, r := range in.TCPRoutes {
@@ -164,6 +188,7 @@ func Translate(in Input) Result {
 	}
 
 	translateHTTP(in, listeners, svcs, nsLabels, &res)
+	res.Routes.Listeners = append(res.Routes.Listeners, httpForwards(gws, listeners, addrs, in.NodeAddrs)...)
 
 	for _, g := range gws {
 		res.Gateways[nn(&g.ObjectMeta)] = gatewayStatus(g, addrs[nn(&g.ObjectMeta)], listeners[nn(&g.ObjectMeta)])
@@ -217,7 +242,7 @@ var defaultKinds = map[gwv1.ProtocolType]string{
 }
 
 // gatewayListeners checks each listener of g: protocol, kinds, conflicts.
-func gatewayListeners(g *gwv1.Gateway, http bool, grants []*gwv1.ReferenceGrant) []*listener {
+func gatewayListeners(g *gwv1.Gateway, http bool, grants []*gwv1.ReferenceGrant, secrets map[types.NamespacedName]*corev1.Secret) []*listener {
 	var out []*listener
 	seen := map[string]bool{}
 	httpPorts := map[string]bool{} // ports held by HTTP listeners
@@ -266,7 +291,7 @@ func gatewayListeners(g *gwv1.Gateway, http bool, grants []*gwv1.ReferenceGrant)
 		}
 		tlsOK := true
 		if l.Protocol == gwv1.HTTPSProtocolType {
-			li.tlsSecret, refsReason, refsMsg = listenerSecret(g, l, grants)
+			li.tlsSecret, refsReason, refsMsg = listenerSecret(g, l, grants, secrets)
 			if li.tlsSecret == "" {
 				refsOK, tlsOK = false, false
 			}
@@ -292,6 +317,7 @@ func gatewayListeners(g *gwv1.Gateway, http bool, grants []*gwv1.ReferenceGrant)
 		}
 		seen[k] = true
 		li.valid = !conflicted && len(li.kinds) > 0 && tlsOK
+		li.badCert = !conflicted && len(li.kinds) > 0 && !tlsOK
 		conflict := cond(string(gwv1.ListenerConditionConflicted), false, string(gwv1.ListenerReasonNoConflicts), "", gen)
 		accepted := cond(string(gwv1.ListenerConditionAccepted), true, string(gwv1.ListenerReasonAccepted), "", gen)
 		programmed := cond(string(gwv1.ListenerConditionProgrammed), true, string(gwv1.ListenerReasonProgrammed), "", gen)

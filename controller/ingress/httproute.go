@@ -31,7 +31,12 @@ type HTTPRoute struct {
 
 // HTTPAttachment is one listener a route serves on.
 type HTTPAttachment struct {
+	// Port is the listener's port (the default port of redirects).
 	Port int32
+	// ListenPort is the port nginx serves the listener on; the dataplanes
+	// forward the Gateway address's Port to it (0: Port itself). One per
+	// Gateway and listener port, so Gateways sharing a port stay apart.
+	ListenPort int32
 	// Hostnames are the listener's hostname intersected with the route's;
 	// empty: any host.
 	Hostnames []string
@@ -40,6 +45,10 @@ type HTTPAttachment struct {
 	// TLSSecret is "namespace/name" of the certificate of an HTTPS
 	// listener (a kubernetes.io/tls Secret); empty: plain HTTP.
 	TLSSecret string
+	// AnyHost marks a listener without a hostname: its certificate also
+	// serves the names no route covers (they get 404, not a refused
+	// handshake; conformance HTTPRouteHTTPSListener).
+	AnyHost bool
 }
 
 // HTTPBackend is one backendRef: the Service VIP and port, or Invalid (its
@@ -61,6 +70,7 @@ type candidate struct {
 	route   *HTTPRoute
 	age     int // index of the route, oldest first
 	tls     string
+	anyHost bool // from a listener without a hostname
 	rule    int
 	match   int
 	port    int32
@@ -166,8 +176,12 @@ func renderHTTPRoutes(routes []HTTPRoute, dir string, reserved []int, keepalive 
 		}
 		served := false
 		for _, at := range hr.Attach {
-			if r.reserved[at.Port] {
-				r.problem(hr, fmt.Sprintf("listener %s: port %d is the Ingress port; HTTPRoutes need a listener on another port", at.Listener, at.Port))
+			lp := at.ListenPort
+			if lp == 0 {
+				lp = at.Port
+			}
+			if r.reserved[lp] {
+				r.problem(hr, fmt.Sprintf("listener %s: nginx port %d is an Ingress port; HTTPRoutes need another one", at.Listener, lp))
 				continue
 			}
 			hosts := at.Hostnames
@@ -176,8 +190,8 @@ func renderHTTPRoutes(routes []HTTPRoute, dir string, reserved []int, keepalive 
 			}
 			for _, h := range hosts {
 				for _, c := range candidates(hr, i, h, at.Port) {
-					c.tls = at.TLSSecret
-					byPort[at.Port] = append(byPort[at.Port], c)
+					c.tls, c.anyHost = at.TLSSecret, at.AnyHost
+					byPort[lp] = append(byPort[lp], c)
 				}
 			}
 			served = true
@@ -313,7 +327,17 @@ func (r *httpRenderer) port(p int32, cands []*candidate) {
 	if !hosts[""] {
 		extra := ""
 		if ssl != "" {
-			extra = "\n        ssl_reject_handshake on;" // no certificate for unknown names
+			var any []*candidate
+			for _, c := range cands {
+				if c.anyHost {
+					any = append(any, c)
+				}
+			}
+			if file := r.cert(any); file != "" {
+				extra = fmt.Sprintf("\n        ssl_certificate %s;\n        ssl_certificate_key %s;", quote(file), quote(file))
+			} else {
+				extra = "\n        ssl_reject_handshake on;" // no certificate for unknown names
+			}
 		}
 		fmt.Fprintf(&r.b, "\n    server {\n        listen %d%s default_server;%s\n        server_name _;\n        return 404;\n    }\n", p, ssl, extra)
 	}
@@ -371,6 +395,11 @@ func (r *httpRenderer) server(p int32, ssl, host string, cands []*candidate) {
 	} else {
 		fmt.Fprintf(&r.b, "        listen %d%s;\n        server_name %s;\n", p, ssl, quote(host))
 	}
+	// The Host header goes upstream as the client sent it, port included
+	// (conformance HTTPRouteHostnameIntersection: "very.specific.com:1234");
+	// nginx's $host drops the port. A proxy_set_header here replaces the
+	// http level's, so the others are repeated.
+	r.b.WriteString(routeProxyHeaders)
 	if ssl != "" {
 		if file := r.cert(cands); file != "" {
 			fmt.Fprintf(&r.b, "        ssl_certificate %s;\n        ssl_certificate_key %s;\n", quote(file), quote(file))
@@ -439,6 +468,24 @@ func (r *httpRenderer) cert(cands []*candidate) string {
 		return r.certFiles[c.tls]
 	}
 	return ""
+}
+
+// routeProxyHeaders are the request headers of HTTPRoute servers.
+const routeProxyHeaders = `        proxy_set_header Connection "";
+        proxy_set_header Host $http_host;
+        proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+        proxy_set_header X-Forwarded-Proto $scheme;
+`
+
+// CheckTLSSecret reports why a Secret cannot serve as a certificate
+// (wrong type, or a chain and key that do not parse or do not match), or
+// nil. The Gateway translation uses it for listener ResolvedRefs.
+func CheckTLSSecret(sec *corev1.Secret) error {
+	if sec.Type != corev1.SecretTypeTLS {
+		return fmt.Errorf("type %s, want %s", sec.Type, corev1.SecretTypeTLS)
+	}
+	_, _, err := tlsFile(sec)
+	return err
 }
 
 // tlsFile checks a TLS Secret and returns its chain and key as one PEM
@@ -570,6 +617,12 @@ func (r *httpRenderer) internal(c *candidate) {
 	flag := " break"
 	if redirect != nil {
 		flag = ""
+	} else if !r.ups[upstreamName(c.age, c.rule)] {
+		// Before any rewrite: "rewrite ... break" would skip this return
+		// and nginx would serve a file, 404 (conformance
+		// HTTPRouteInvalidBackendRefUnknownKind found it).
+		fmt.Fprintf(&r.b, "            return 500; # no valid backendRef with weight\n        }\n")
+		return
 	}
 	switch {
 	case redirect != nil && pathMod == nil:
@@ -619,13 +672,9 @@ func (r *httpRenderer) internal(c *candidate) {
 		fmt.Fprintf(&r.b, "            return %d %s;\n        }\n", code, valueQuote(scheme+"://"+hp+path))
 		return
 	}
-	if !r.ups[upstreamName(c.age, c.rule)] {
-		fmt.Fprintf(&r.b, "            return 500; # no valid backendRef with weight\n        }\n")
-		return
-	}
 	if reqHdr != nil || (rewrite != nil && rewrite.Hostname != nil) {
 		// proxy_set_header at this level replaces the inherited ones.
-		set := map[string]string{"connection": `""`, "host": "$host", "x-forwarded-for": "$proxy_add_x_forwarded_for", "x-forwarded-proto": "$scheme"}
+		set := map[string]string{"connection": `""`, "host": "$http_host", "x-forwarded-for": "$proxy_add_x_forwarded_for", "x-forwarded-proto": "$scheme"}
 		order := []string{"Connection", "Host", "X-Forwarded-For", "X-Forwarded-Proto"}
 		if rewrite != nil && rewrite.Hostname != nil {
 			set["host"] = quote(string(*rewrite.Hostname))

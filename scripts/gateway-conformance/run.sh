@@ -14,6 +14,9 @@
 #     the API server is relayed: nothing changes in the root namespace;
 #  5. the report written to $REPORT (default docs/gateway-conformance-report.yaml).
 #
+# PROFILES, FEATURES, SKIP, MODE (iptables, nftables) and POOL override the
+# defaults below.
+#
 # Needs root and the environment of `make node` (STEELYARD_CONTAINERD_DIR,
 # CNI_PLUGINS_DIR, STEELYARD_IMAGES_DIR). The node is torn down at exit.
 set -euo pipefail
@@ -29,6 +32,8 @@ profiles=${PROFILES:-GATEWAY-TCP,GATEWAY-UDP,GATEWAY-HTTP}
 features=${FEATURES:-Gateway,ReferenceGrant,TCPRoute,UDPRoute,HTTPRoute}
 # Tests to skip (comma-separated), each with its reason in README.md.
 skip=${SKIP:-}
+# The dataplane (steelyard-config MODE): iptables or nftables.
+mode=${MODE:-iptables}
 state=$(mktemp -d /tmp/steelyard-gwconf-$$-XXXX)
 log() { echo "gateway-conformance: $*" >&2; }
 
@@ -72,7 +77,7 @@ apiport=$(sed -n 's#.*server: https://127.0.0.1:\([0-9]*\).*#\1#p' "$KUBECONFIG"
 kubectl apply -f "$repo/manifests" -f "$repo/manifests/gateway" -f "$repo/manifests/ingress" >/dev/null
 kubectl -n steelyard create configmap steelyard-apiserver \
 	--from-literal=KUBERNETES_SERVICE_HOST=198.19.0.1 --from-literal=KUBERNETES_SERVICE_PORT="$apiport" >/dev/null
-kubectl -n steelyard patch configmap steelyard-config --type=merge -p '{"data":{"CLUSTER_CIDR":"198.19.64.0/18"}}' >/dev/null
+kubectl -n steelyard patch configmap steelyard-config --type=merge -p '{"data":{"CLUSTER_CIDR":"198.19.64.0/18","MODE":"'"$mode"'"}}' >/dev/null
 kubectl -n steelyard patch ds steelyard --type=json -p '[
  {"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--gateway"},
  {"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--gateway-address-pool='"$pool"'"}]' >/dev/null
@@ -80,7 +85,7 @@ kubectl -n steelyard patch ds steelyard --type=json -p '[
 kubectl -n steelyard patch ds steelyard --type=json --patch-file "$repo/manifests/ingress/patch/ingress-on.json" >/dev/null
 kubectl -n steelyard rollout status ds/steelyard --timeout=3m >/dev/null
 kubectl wait --for=condition=Accepted --timeout=60s gatewayclass/steelyard >/dev/null
-log "steelyard running with --gateway --ingress; running the suite ($profiles)"
+log "steelyard running with --gateway --ingress, $mode mode; running the suite ($profiles)"
 
 version=$(git -C "$repo" describe --always --dirty 2>/dev/null || echo dev)
 mkdir -p "$(dirname "$report")"

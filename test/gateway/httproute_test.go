@@ -16,6 +16,7 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -69,8 +70,16 @@ func selfSignedCert(t *testing.T, host string) (crt, key []byte, pool *x509.Cert
 // matches by host, path, method, header and query; a weighted split
 // measured with fresh connections; a redirect and header modifiers; a route
 // with an unsafe value reported and not served, the others untouched; TLS
-// termination on an HTTPS listener; no reload for endpoint churn.
+// termination on an HTTPS listener; no reload for endpoint churn. The
+// Gateway address is not the node's: requests reach nginx through the
+// dataplane's forward, in the iptables and nftables modes.
 func TestHTTPRoute(t *testing.T) {
+	for _, mode := range []string{"iptables", "nftables"} {
+		t.Run(mode, func(t *testing.T) { testHTTPRoute(t, mode) })
+	}
+}
+
+func testHTTPRoute(t *testing.T, mode string) {
 	sandbox.RequireRoot(t)
 	if harness.NginxBinary() == "" {
 		t.Fatal("nginx not installed (scripts/install-deps.sh)")
@@ -119,10 +128,13 @@ func TestHTTPRoute(t *testing.T) {
 	if _, err := gc.GatewayV1().Gateways(harness.Namespace).Create(ctx, &gwv1.Gateway{
 		ObjectMeta: metav1.ObjectMeta{Name: "web"},
 		Spec: gwv1.GatewaySpec{GatewayClassName: className,
-			Addresses: []gwv1.GatewaySpecAddress{{Type: &ipType, Value: sandbox.NodeLANIP.String()}},
+			Addresses: []gwv1.GatewaySpecAddress{{Type: &ipType, Value: gatewayAddr.String()}},
 			Listeners: []gwv1.Listener{{Name: "http", Protocol: gwv1.HTTPProtocolType, Port: httpPort},
 				{Name: "https", Protocol: gwv1.HTTPSProtocolType, Port: httpsPort, TLS: &gwv1.ListenerTLSConfig{
-					CertificateRefs: []gwv1.SecretObjectReference{{Name: "gw-cert"}}}}}},
+					CertificateRefs: []gwv1.SecretObjectReference{{Name: "gw-cert"}}}},
+				// conformance GatewayInvalidTLSConfiguration: a missing Secret
+				{Name: "bad-tls", Protocol: gwv1.HTTPSProtocolType, Port: httpsPort + 1, TLS: &gwv1.ListenerTLSConfig{
+					CertificateRefs: []gwv1.SecretObjectReference{{Name: "nonexistent"}}}}}},
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -153,6 +165,10 @@ func TestHTTPRoute(t *testing.T) {
 				{Type: gwv1.HTTPRouteFilterURLRewrite, URLRewrite: &gwv1.HTTPURLRewriteFilter{Path: &gwv1.HTTPPathModifier{Type: gwv1.PrefixMatchHTTPPathModifier, ReplacePrefixMatch: ptr.To("/v2")}}},
 			}, BackendRefs: []gwv1.HTTPBackendRef{be("s-a", 1)}},
 		}},
+		// Every backendRef invalid: 500 (conformance
+		// HTTPRouteInvalidBackendRefUnknownKind found nginx answering 404).
+		"broken": {Hostnames: []gwv1.Hostname{"broken.example"}, Rules: []gwv1.HTTPRouteRule{
+			{BackendRefs: []gwv1.HTTPBackendRef{be("nonexistent", 1)}}}},
 		// A value that would end nginx's string: refused, reported, not served.
 		"bad": {Hostnames: []gwv1.Hostname{"bad.example"}, Rules: []gwv1.HTTPRouteRule{
 			{Matches: []gwv1.HTTPRouteMatch{{Headers: []gwv1.HTTPHeaderMatch{{Name: "X-A", Value: `a"; return 200 "pwned`}}}}, BackendRefs: []gwv1.HTTPBackendRef{be("s-a", 1)}}}},
@@ -168,7 +184,7 @@ func TestHTTPRoute(t *testing.T) {
 			t.Fatalf("create HTTPRoute %s: %v", name, err)
 		}
 	}
-	if err := w.StartAgent(steelyardBin, "--gateway", "--gateway-lease-namespace", leaseNS); err != nil {
+	if err := w.StartAgent(steelyardBin, "--mode", mode, "--gateway", "--gateway-lease-namespace", leaseNS); err != nil {
 		t.Fatal(err)
 	}
 	routeConds := func(name string) func() ([]metav1.Condition, error) {
@@ -196,6 +212,15 @@ func TestHTTPRoute(t *testing.T) {
 		return g.Status.Listeners[0].Conditions, nil
 	}
 	waitCondition(t, "listener http", "Programmed", metav1.ConditionTrue, "Programmed", lc)
+	badTLS := func() ([]metav1.Condition, error) {
+		g, err := gc.GatewayV1().Gateways(harness.Namespace).Get(ctx, "web", metav1.GetOptions{})
+		if err != nil || len(g.Status.Listeners) < 3 {
+			return nil, err
+		}
+		return g.Status.Listeners[2].Conditions, nil
+	}
+	waitCondition(t, "listener bad-tls", "ResolvedRefs", metav1.ConditionFalse, "InvalidCertificateRef", badTLS)
+	waitCondition(t, "listener bad-tls", "Programmed", metav1.ConditionFalse, "Invalid", badTLS)
 
 	client := gatewayClient(w)
 	get := func(method, host, path string, hdr map[string]string) (*http.Response, string) {
@@ -233,11 +258,22 @@ func TestHTTPRoute(t *testing.T) {
 			{"GET", "match.example", "/q?v=c", nil, 200, "c"},
 			{"GET", "match.example", "/q?v=d", nil, 200, "a"},
 			{"GET", "other.example", "/", nil, 404, ""},
+			{"GET", "broken.example", "/x", nil, 500, ""},
 		} {
 			resp, body := get(c.method, c.host, c.path, c.hdr)
 			if resp.StatusCode != c.code || (c.body != "" && body != c.body) {
 				t.Errorf("%s %s%s %v: %d %q, want %d %q", c.method, c.host, c.path, c.hdr, resp.StatusCode, body, c.code, c.body)
 			}
+		}
+	})
+
+	// The Host header reaches the backend as sent, port included
+	// (conformance HTTPRouteHostnameIntersection found nginx's $host
+	// dropping it).
+	t.Run("HostHeaderKept", func(t *testing.T) {
+		resp, _ := get("GET", "match.example", "/x", map[string]string{"X-Pick": "b"})
+		if got, want := resp.Header.Get("X-Seen-Host"), fmt.Sprintf("match.example:%d", httpPort); got != want {
+			t.Errorf("Host at the backend %q, want %q", got, want)
 		}
 	})
 
@@ -299,7 +335,7 @@ func TestHTTPRoute(t *testing.T) {
 			var c net.Conn
 			err := w.Client.Do(func() error {
 				var err error
-				c, err = (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, fmt.Sprintf("%s:%d", sandbox.NodeLANIP, httpsPort))
+				c, err = (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, fmt.Sprintf("%s:%d", gatewayAddr, httpsPort))
 				return err
 			})
 			return c, err
@@ -314,6 +350,28 @@ func TestHTTPRoute(t *testing.T) {
 		if resp.StatusCode != 200 || resp.TLS == nil || resp.TLS.PeerCertificates[0].Subject.CommonName != "split.example" {
 			t.Errorf("HTTPS: %d %+v", resp.StatusCode, resp.TLS)
 		}
+		// A name no route covers, on a listener without a hostname: the
+		// listener's certificate, then 404 (conformance
+		// HTTPRouteHTTPSListener found the handshake refused).
+		u := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true,
+			TLSClientConfig: &tls.Config{ServerName: "unknown.example", InsecureSkipVerify: true}}} // the name is not the certificate's
+		resp, err = u.Get(fmt.Sprintf("https://unknown.example:%d/", httpsPort))
+		if err != nil {
+			t.Fatalf("HTTPS to a name no route covers: %v", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 404 || resp.TLS.PeerCertificates[0].Subject.CommonName != "split.example" {
+			t.Errorf("HTTPS to a name no route covers: %d, certificate %q; want 404 with the listener's", resp.StatusCode, resp.TLS.PeerCertificates[0].Subject.CommonName)
+		}
+	})
+
+	// verify expects the listeners' forwards to nginx too (--gateway-http).
+	t.Run("Verify", func(t *testing.T) {
+		sandbox.Poll(t, 10*time.Second, 100*time.Millisecond, "verify --gateway --gateway-http", func() (bool, string) {
+			o, e, err := w.SB.Node.Exec2(steelyardBin, "verify", "--kubeconfig", cp.Kubeconfig, "--mode", mode, "--node-name", harness.NodeName,
+				"--gateway", "--gateway-http")
+			return err == nil, o + e
+		})
 	})
 
 	t.Run("ReloadsOnlyOnTextChange", func(t *testing.T) {
@@ -357,15 +415,21 @@ func TestHTTPRoute(t *testing.T) {
 	})
 }
 
+// gatewayAddr is the Web Gateway's address: not one of the node's, so
+// requests reach nginx only through the dataplane's forward of the
+// listener (the conformance suite found they did not, when nginx listened
+// on the listener port of the node's own addresses only).
+var gatewayAddr = netip.MustParseAddr("198.18.0.200")
+
 // gatewayClient sends every request from the client namespace to the
-// node's HTTP listener port, whatever the URL's host; fresh connection per
-// request, redirects returned, not followed.
+// Gateway address's HTTP listener port, whatever the URL's host; fresh
+// connection per request, redirects returned, not followed.
 func gatewayClient(w *harness.World) *http.Client {
 	dial := func(ctx context.Context, network, _ string) (net.Conn, error) {
 		var c net.Conn
 		err := w.Client.Do(func() error {
 			var err error
-			c, err = (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, fmt.Sprintf("%s:%d", sandbox.NodeLANIP, httpPort))
+			c, err = (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, fmt.Sprintf("%s:%d", gatewayAddr, httpPort))
 			return err
 		})
 		return c, err
