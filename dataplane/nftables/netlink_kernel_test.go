@@ -211,6 +211,21 @@ func netlinkMatchesNft(t *testing.T) {
 			t.Errorf("family %d: a full resync of an unchanged table wrote %d operations", family, p.lastOps)
 		}
 		t.Logf("family %d: full resync of an unchanged table: %d operations", family, p.lastOps)
+		// Nobody committed since: the generation says so, and the full
+		// resync does not list the table. A foreign commit anywhere in
+		// the namespace makes the next one list and repair again.
+		if p.lastListed {
+			t.Errorf("family %d: a full resync right after our own commit listed the table", family)
+		}
+		if out, err := exec.Command("nft", "add table inet steelyard-foreign; delete table inet steelyard-foreign").CombinedOutput(); err != nil {
+			t.Fatalf("foreign commit: %v: %s", err, out)
+		}
+		if _, err := p.Sync(final, dataplane.FullSync); err != nil {
+			t.Fatal(err)
+		}
+		if !p.lastListed {
+			t.Errorf("family %d: a full resync after a foreign commit did not list the table", family)
+		}
 		if after := list(); canonicalDebug(after) != canonicalDebug(before) {
 			t.Errorf("family %d: full resync did not repair the shared maps\n--- got\n%s\n--- want\n%s", family, after, before)
 		}
