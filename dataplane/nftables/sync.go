@@ -89,7 +89,10 @@ func (p *Proxier) skeleton(tx txn) {
 // repairs the shared maps from their live elements, rewrites every
 // Service port that changed or lost an object, and marks objects that
 // nothing uses for deletion; into an empty table it runs in transactions of BatchPorts
-// Service ports.
+// Service ports. A full sync whose ruleset generation shows no commit but
+// ours since the table was last listed skips the listing and the fixed
+// chains, and compares every Service port with what it wrote
+// (generation.go).
 func (p *Proxier) Sync(s dataplane.State, req dataplane.SyncRequest) (dataplane.SyncResult, error) {
 	if err := p.sync(s, req.Full, req.MayHaveChanged); err != nil {
 		return dataplane.SyncResult{}, err
