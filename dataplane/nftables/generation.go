@@ -3,6 +3,7 @@ package nftables
 import (
 	"encoding/binary"
 	"fmt"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -17,30 +18,55 @@ import (
 // chain dump restarts from the first chain for every message); one
 // GETGEN is a single small message.
 //
-// Custody: known holds a generation only while every commit since the
-// last listing was ours and moved the generation by exactly one. Any
-// other step (a foreign commit between ours, a failed read, a wrap)
-// drops it, and the next full resync lists the table as before.
+// Custody: known holds a generation only while every commit since it
+// was read is explained by one of our commits, each moving it by exactly
+// one; valid says which families' tables are as they last listed and
+// wrote them since then. The IPv4 and IPv6 Proxiers of one agent share
+// one generation (their commits are each other's, not foreign). Any
+// other step (a foreign commit, a failed read, a wrap) drops every
+// family, and the next full resync of each lists its table as before.
 type generation struct {
-	read  func() (uint32, error) // nil: no kernel (the fake); never skip
+	read func() (uint32, error) // nil: no kernel (the fake); never skip
+
+	mu    sync.Mutex
 	known uint32
-	valid bool
+	chain bool         // known explains every commit since it was read
+	valid map[int]bool // family -> table as listed and written since
 }
 
-// unchanged reports whether the kernel's generation is still the one
-// recorded after our last commit.
-func (g *generation) unchanged() bool {
-	if g.read == nil || !g.valid {
+func newGeneration() *generation { return &generation{valid: map[int]bool{}} }
+
+// unchanged reports whether family's table is as its Proxier wrote it:
+// the kernel's generation is still the one recorded after our last commit
+// and the family has been listed since custody began.
+func (g *generation) unchanged(family int) bool {
+	if g.read == nil {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.chain || !g.valid[family] {
 		return false
 	}
 	now, err := g.read()
 	return err == nil && now == g.known
 }
 
-// listed records the generation read just before a listing that the sync
-// then repaired the table from.
-func (g *generation) listed(gen uint32, err error) {
-	g.known, g.valid = gen, err == nil
+// listed records that family's table was listed at generation gen (read
+// just before the listing) and is repaired from it by this sync.
+func (g *generation) listed(family int, gen uint32, err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err != nil {
+		g.dropLocked()
+		return
+	}
+	if !g.chain || gen != g.known {
+		// Something not ours committed: no other family is known.
+		g.dropLocked()
+		g.known, g.chain = gen, true
+	}
+	g.valid[family] = true
 }
 
 // before and after wrap one commit: custody survives only if nothing
@@ -49,9 +75,11 @@ func (g *generation) before() (uint32, bool) {
 	if g.read == nil {
 		return 0, false
 	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	gen, err := g.read()
 	if err != nil || gen != g.known {
-		g.valid = false
+		g.dropLocked()
 	}
 	return gen, err == nil
 }
@@ -60,19 +88,33 @@ func (g *generation) after(gen0 uint32, ok0, committed bool) {
 	if g.read == nil {
 		return
 	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	if !ok0 || !committed {
-		g.valid = false
+		g.dropLocked()
 		return
 	}
 	gen, err := g.read()
 	if err != nil || gen != gen0+1 {
-		g.valid = false
+		g.dropLocked()
 		return
 	}
-	g.known = gen
+	if g.chain {
+		g.known = gen
+	}
 }
 
-func (g *generation) drop() { g.valid = false }
+// drop forgets every family (a failed sync, Cleanup).
+func (g *generation) drop() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.dropLocked()
+}
+
+func (g *generation) dropLocked() {
+	g.chain = false
+	clear(g.valid)
+}
 
 // readGeneration asks the kernel for the ruleset generation of the current
 // network namespace.

@@ -49,16 +49,13 @@ func TestParseGeneration(t *testing.T) {
 	}
 }
 
-// TestGenerationCustody: the full resync may skip its listing only while
-// every commit since the last listing was ours and moved the generation
-// by one.
+// TestGenerationCustody: a family's full resync may skip its listing only
+// while every commit since it was listed was ours (either family's) and
+// moved the generation by one.
 func TestGenerationCustody(t *testing.T) {
 	kernel := uint32(7)
-	g := generation{read: func() (uint32, error) { return kernel, nil }}
-	if g.unchanged() {
-		t.Fatal("never listed: unchanged")
-	}
-	g.listed(kernel, nil)
+	g := newGeneration()
+	g.read = func() (uint32, error) { return kernel, nil }
 	commit := func(foreignBefore, foreignAfter bool) {
 		if foreignBefore {
 			kernel++
@@ -70,28 +67,59 @@ func TestGenerationCustody(t *testing.T) {
 		}
 		g.after(gen0, ok, true)
 	}
+	if g.unchanged(4) {
+		t.Fatal("never listed: unchanged")
+	}
+	g.listed(4, kernel, nil)
 	commit(false, false)
-	if !g.unchanged() {
+	if !g.unchanged(4) {
 		t.Fatal("only our commit: not unchanged")
 	}
+	if g.unchanged(6) {
+		t.Fatal("IPv6 never listed: unchanged")
+	}
+	// The IPv6 Proxier lists and commits: IPv4 keeps its custody.
+	g.listed(6, kernel, nil)
+	commit(false, false)
+	if !g.unchanged(4) || !g.unchanged(6) {
+		t.Fatalf("both families' own commits: unchanged(4)=%v unchanged(6)=%v", g.unchanged(4), g.unchanged(6))
+	}
 	kernel++ // someone else commits
-	if g.unchanged() {
+	if g.unchanged(4) || g.unchanged(6) {
 		t.Fatal("foreign commit after ours: unchanged")
 	}
-	g.listed(kernel, nil)
+	// IPv6 lists again after the foreign commit: IPv4 must list too (the
+	// foreign commit may have changed its table).
+	g.listed(6, kernel, nil)
+	commit(false, false)
+	if !g.unchanged(6) || g.unchanged(4) {
+		t.Fatalf("after a foreign commit only the family listed since is known: unchanged(4)=%v unchanged(6)=%v", g.unchanged(4), g.unchanged(6))
+	}
+	g.listed(4, kernel, nil)
 	commit(true, false)
-	if g.unchanged() {
+	if g.unchanged(4) {
 		t.Error("foreign commit before ours: unchanged")
 	}
-	g.listed(kernel, nil)
+	g.listed(4, kernel, nil)
 	commit(false, true)
-	if g.unchanged() {
+	if g.unchanged(4) {
 		t.Error("foreign commit right after ours: unchanged")
 	}
-	g.listed(kernel, nil)
+	g.listed(4, kernel, nil)
 	gen0, ok := g.before()
 	g.after(gen0, ok, false) // a failed commit
-	if g.unchanged() {
+	if g.unchanged(4) {
 		t.Error("failed commit: unchanged")
+	}
+	g.listed(4, kernel, nil)
+	g.drop() // Cleanup
+	if g.unchanged(4) {
+		t.Error("after drop: unchanged")
+	}
+	// Without a kernel (the fake) nothing is ever skipped.
+	f := newGeneration()
+	f.listed(4, 1, nil)
+	if f.unchanged(4) {
+		t.Error("no reader: unchanged")
 	}
 }

@@ -176,7 +176,7 @@ type Proxier struct {
 	lastOps int
 	// gen lets a full resync skip listing the table when no commit but
 	// ours happened since it was last listed (generation.go).
-	gen generation
+	gen *generation
 	// lastListed says whether the last full Sync listed the table (tests).
 	lastListed bool
 }
@@ -200,6 +200,7 @@ func NewProxier(nft knftables.Interface, cfg Config) *Proxier {
 		owner:   map[string]dataplane.ServicePortName{},
 		stale:   map[staleKey]time.Time{},
 		now:     time.Now,
+		gen:     newGeneration(),
 	}
 }
 

@@ -145,7 +145,7 @@ func (p *Proxier) sync(s dataplane.State, full bool, mayHaveChanged func(datapla
 	// the ruleset generation says nobody committed since our last write,
 	// the table is what we wrote and listing it (seconds at 10,000
 	// Services) would find nothing to repair.
-	listing := full && !(p.synced && p.gen.unchanged())
+	listing := full && !(p.synced && p.gen.unchanged(p.cfg.Family))
 	p.lastListed = listing
 	var live *liveNames
 	if listing {
@@ -158,7 +158,7 @@ func (p *Proxier) sync(s dataplane.State, full bool, mayHaveChanged func(datapla
 			p.gen.drop()
 			return err
 		}
-		p.gen.listed(gen, gerr)
+		p.gen.listed(p.cfg.Family, gen, gerr)
 		// A port whose objects are missing from the kernel is rewritten.
 		for n, old := range p.applied {
 			if desired[n] != nil && !slices.Contains(todo, n) && !live.hasAll(old) {
