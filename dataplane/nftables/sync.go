@@ -261,7 +261,7 @@ func (p *Proxier) sync(s dataplane.State, full bool, mayHaveChanged func(datapla
 	}
 	p.synced = true
 	p.lastFull = full
-	log.WithFields(logrus.Fields{"full": full, "services": len(newApplied), "written": written, "took": time.Since(start)}).Debug("synced")
+	log.WithFields(logrus.Fields{"full": full, "listed": listing, "services": len(newApplied), "written": written, "took": time.Since(start)}).Debug("synced")
 	return nil
 }
 
