@@ -20,15 +20,27 @@ func NewDualStack(nft4, nft6 knftables.Interface, cfg Config) *dataplane.DualSta
 // NewDualStackKernel returns the dual-stack nftables dataplane over the nft
 // binary.
 func NewDualStackKernel(cfg Config) (*dataplane.DualStack, error) {
+	v4, v6, err := newKernelPair(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return dataplane.NewDualStack(v4, v6), nil
+}
+
+// newKernelPair returns the IPv4 and IPv6 Proxiers over the nft binary.
+func newKernelPair(cfg Config) (*Proxier, *Proxier, error) {
 	c4, c6 := cfg, cfg
 	c4.Family, c6.Family = 4, 6
 	v4, err := NewKernel(c4)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	v6, err := NewKernel(c6)
 	if err != nil {
-		return nil, fmt.Errorf("IPv6: %w", err)
+		return nil, nil, fmt.Errorf("IPv6: %w", err)
 	}
-	return dataplane.NewDualStack(v4, v6), nil
+	// One namespace, one generation counter: each family's commits are
+	// explained, not foreign, to the other's full resync.
+	v6.gen = v4.gen
+	return v4, v6, nil
 }

@@ -211,6 +211,21 @@ func netlinkMatchesNft(t *testing.T) {
 			t.Errorf("family %d: a full resync of an unchanged table wrote %d operations", family, p.lastOps)
 		}
 		t.Logf("family %d: full resync of an unchanged table: %d operations", family, p.lastOps)
+		// Nobody committed since: the generation says so, and the full
+		// resync does not list the table. A foreign commit anywhere in
+		// the namespace makes the next one list and repair again.
+		if p.lastListed {
+			t.Errorf("family %d: a full resync right after our own commit listed the table", family)
+		}
+		if out, err := exec.Command("nft", "add table inet steelyard-foreign; delete table inet steelyard-foreign").CombinedOutput(); err != nil {
+			t.Fatalf("foreign commit: %v: %s", err, out)
+		}
+		if _, err := p.Sync(final, dataplane.FullSync); err != nil {
+			t.Fatal(err)
+		}
+		if !p.lastListed {
+			t.Errorf("family %d: a full resync after a foreign commit did not list the table", family)
+		}
 		if after := list(); canonicalDebug(after) != canonicalDebug(before) {
 			t.Errorf("family %d: full resync did not repair the shared maps\n--- got\n%s\n--- want\n%s", family, after, before)
 		}
@@ -218,6 +233,44 @@ func netlinkMatchesNft(t *testing.T) {
 			t.Errorf("family %d: no partial sync went over netlink", family)
 		}
 		t.Logf("family %d: %d of %d partial syncs over netlink", family, viaNetlink, partials)
+		if err := p.Cleanup(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dualStackGeneration(t)
+}
+
+// dualStackGeneration: the agent's two Proxiers share one generation, so
+// each family's commits do not make the other's full resync list again,
+// while a foreign commit makes both list.
+func dualStackGeneration(t *testing.T) {
+	cfg := testCfg
+	cfg.ClusterCIDRs = append(cfg.ClusterCIDRs, netip.MustParsePrefix("2001:2::/64"))
+	v4, v6, err := newKernelPair(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := netlinkStates()
+	s := steps[0][len(steps[0])-1]
+	sync := func(what string, wantListed bool) {
+		t.Helper()
+		for _, p := range []*Proxier{v4, v6} {
+			if _, err := p.Sync(s, dataplane.FullSync); err != nil {
+				t.Fatal(err)
+			}
+			if p.lastListed != wantListed {
+				t.Errorf("%s: family %d listed=%v, want %v", what, p.cfg.Family, p.lastListed, wantListed)
+			}
+		}
+	}
+	sync("first sync", true)
+	sync("full resync after both families' own commits", false)
+	if out, err := exec.Command("nft", "add table inet steelyard-foreign; delete table inet steelyard-foreign").CombinedOutput(); err != nil {
+		t.Fatalf("foreign commit: %v: %s", err, out)
+	}
+	sync("full resync after a foreign commit", true)
+	sync("full resync after that", false)
+	for _, p := range []*Proxier{v4, v6} {
 		if err := p.Cleanup(); err != nil {
 			t.Fatal(err)
 		}

@@ -177,6 +177,11 @@ type Proxier struct {
 	lastNetlink bool
 	// lastOps is the size of the last transaction (tests).
 	lastOps int
+	// gen lets a full resync skip listing the table when no commit but
+	// ours happened since it was last listed (generation.go).
+	gen *generation
+	// lastListed says whether the last full Sync listed the table (tests).
+	lastListed bool
 }
 
 type staleKey struct {
@@ -198,6 +203,7 @@ func NewProxier(nft knftables.Interface, cfg Config) *Proxier {
 		owner:   map[string]dataplane.ServicePortName{},
 		stale:   map[staleKey]time.Time{},
 		now:     time.Now,
+		gen:     newGeneration(),
 	}
 }
 
@@ -217,6 +223,7 @@ func NewKernel(cfg Config) (*Proxier, error) {
 	p.textRules = true
 	p.tableExists = netlinkTableExists(p.cfg.Family)
 	p.netlink = newNetlinkWriter(p.cfg.Family)
+	p.gen.read = readGeneration
 	return p, nil
 }
 
@@ -283,5 +290,6 @@ func (p *Proxier) Cleanup() error {
 	p.stale = map[staleKey]time.Time{}
 	p.nodeIPs = nil
 	p.synced = false
+	p.gen.drop()
 	return nil
 }

@@ -90,7 +90,10 @@ func (p *Proxier) skeleton(tx txn) {
 // repairs the shared maps from their live elements, rewrites every
 // Service port that changed or lost an object, and marks objects that
 // nothing uses for deletion; into an empty table it runs in transactions of BatchPorts
-// Service ports.
+// Service ports. A full sync whose ruleset generation shows no commit but
+// ours since the table was last listed skips the listing and the fixed
+// chains, and compares every Service port with what it wrote
+// (generation.go).
 func (p *Proxier) Sync(s dataplane.State, req dataplane.SyncRequest) (dataplane.SyncResult, error) {
 	if err := p.sync(s, req.Full, req.MayHaveChanged); err != nil {
 		return dataplane.SyncResult{}, err
@@ -100,6 +103,7 @@ func (p *Proxier) Sync(s dataplane.State, req dataplane.SyncRequest) (dataplane.
 
 func (p *Proxier) sync(s dataplane.State, full bool, mayHaveChanged func(dataplane.ServicePortName) bool) error {
 	start := time.Now()
+	p.lastOps = 0
 	full = full || !p.synced
 	// Under the agent's shutdown context: SIGTERM kills an nft in flight
 	// (a killed transaction commits nothing).
@@ -138,12 +142,24 @@ func (p *Proxier) sync(s dataplane.State, full bool, mayHaveChanged func(datapla
 			todo = append(todo, n)
 		}
 	}
+	// A full resync reads the table to repair what others changed; when
+	// the ruleset generation says nobody committed since our last write,
+	// the table is what we wrote and listing it (seconds at 10,000
+	// Services) would find nothing to repair.
+	listing := full && !(p.synced && p.gen.unchanged(p.cfg.Family))
+	p.lastListed = listing
 	var live *liveNames
-	if full {
+	if listing {
+		gen, gerr := uint32(0), error(nil)
+		if p.gen.read != nil {
+			gen, gerr = p.gen.read()
+		}
 		var err error
 		if live, err = p.listLive(ctx); err != nil {
+			p.gen.drop()
 			return err
 		}
+		p.gen.listed(p.cfg.Family, gen, gerr)
 		// A port whose objects are missing from the kernel is rewritten.
 		for n, old := range p.applied {
 			if desired[n] != nil && !slices.Contains(todo, n) && !live.hasAll(old) {
@@ -170,13 +186,13 @@ func (p *Proxier) sync(s dataplane.State, full bool, mayHaveChanged func(datapla
 	// mid-way through a batched 5,000-port change left neither the old
 	// state nor the new one.
 	batched := !p.synced && !p.tableThere(ctx)
-	w := &writer{p: p, full: full, live: live, seen: map[string]bool{}}
+	w := &writer{p: p, full: listing, live: live, seen: map[string]bool{}}
 	tx := &ops{}
 	nodeIPs := p.nodeAddrs()
-	if full || !p.synced {
+	if listing || !p.synced {
 		p.skeleton(tx)
 	}
-	if full || !slices.Equal(nodeIPs, p.nodeIPs) {
+	if listing || !slices.Equal(nodeIPs, p.nodeIPs) {
 		tx.Flush(&knftables.Set{Name: setNodePortIPs})
 		for _, a := range nodeIPs {
 			tx.Add(&knftables.Element{Set: setNodePortIPs, Key: []string{a}})
@@ -230,7 +246,7 @@ func (p *Proxier) sync(s dataplane.State, full bool, mayHaveChanged func(datapla
 			p.applied, p.owner = cloneApplied(newApplied), cloneOwner(newOwner)
 		}
 	}
-	if full {
+	if listing {
 		w.repair(tx, newApplied)
 	}
 	w.reap(tx)
@@ -246,14 +262,16 @@ func (p *Proxier) sync(s dataplane.State, full bool, mayHaveChanged func(datapla
 	}
 	p.synced = true
 	p.lastFull = full
-	log.WithFields(logrus.Fields{"full": full, "services": len(newApplied), "written": written, "took": time.Since(start)}).Debug("synced")
+	log.WithFields(logrus.Fields{"full": full, "listed": listing, "services": len(newApplied), "written": written, "took": time.Since(start)}).Debug("synced")
 	return nil
 }
 
 // commit applies one transaction atomically: over netlink when every
 // operation has a netlink encoding (no nft cache to fill), else with nft -f.
-func (p *Proxier) commit(ctx context.Context, t *ops) error {
+func (p *Proxier) commit(ctx context.Context, t *ops) (err error) {
 	p.lastOps = len(t.list)
+	gen0, ok0 := p.gen.before()
+	defer func() { p.gen.after(gen0, ok0, err == nil) }()
 	if p.netlink != nil {
 		c, err := p.netlink.build(t)
 		var unsupported errUnsupported
