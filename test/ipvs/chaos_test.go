@@ -222,23 +222,27 @@ func TestIPVSChaos(t *testing.T) {
 	})
 
 	t.Run("sigterm-mid-sync", func(t *testing.T) {
-		gen++
-		writeGen(gen)
-		// Inside the sync: the change waits for --min-sync-period
-		// (250 ms) at most, and a sync of the 10 changed Services takes
-		// longer than 100 ms under TCG.
-		time.Sleep(time.Duration(250+rand.IntN(100)) * time.Millisecond)
-		sent := time.Now()
-		a.Stop()
-		took := time.Since(sent)
-		t.Logf("agent exited %s after SIGTERM", took.Round(time.Millisecond))
-		if took > 2*time.Second {
-			t.Errorf("agent took %s to exit after SIGTERM, want at most 2 s", took.Round(time.Millisecond))
+		for round := 1; round <= 3; round++ {
+			st := stampLog(a.LogPath)
+			gen++
+			writeGen(gen)
+			changed := time.Now()
+			time.Sleep(time.Duration(250+rand.IntN(100)) * time.Millisecond)
+			sent := time.Now()
+			a.Stop()
+			took := time.Since(sent)
+			time.Sleep(20 * time.Millisecond)
+			st.Stop()
+			t.Logf("round %d: agent exited %s after SIGTERM (sent %s after the change); its log from the change:\n%s", round, took.Round(time.Millisecond),
+				sent.Sub(changed).Round(time.Millisecond), strings.Join(st.since(changed), "\n"))
+			if took > 2*time.Second {
+				t.Errorf("agent took %s to exit after SIGTERM, want at most 2 s", took.Round(time.Millisecond))
+			}
+			waitEmpty("after SIGTERM")
+			a = start()
+			waitSynced(a)
+			f.waitVerify(30 * time.Second)
 		}
-		waitEmpty("after SIGTERM")
-		a = start()
-		waitSynced(a)
-		f.waitVerify(30 * time.Second)
 	})
 	if err := conn.Echo("after the kills and restarts", 3*time.Second); err != nil {
 		t.Errorf("established connection after the kills and restarts: %v", err)
@@ -250,51 +254,46 @@ func TestIPVSChaos(t *testing.T) {
 	}
 
 	t.Run("ipvsadm-C", func(t *testing.T) {
-		logBefore := len(a.Log())
-		if out, err := sb.Node.Exec("ipvsadm", "-C"); err != nil {
-			t.Fatalf("ipvsadm -C: %v\n%s", err, out)
-		}
-		flushed := time.Now()
-		if table, _ := f.ipvsadm(); len(table) != 0 {
-			t.Fatalf("ipvsadm -C left %d virtual services", len(table))
-		}
-		f.waitVerify(30 * time.Second)
-		took := time.Since(flushed)
-		// No bound on the time: under TCG a full sync of these 11
-		// Services takes 3-8 s. The repair must come from the periodic
-		// sync noticing the table is gone, not from chance.
-		t.Logf("virtual services deleted by ipvsadm -C restored after %s (sync period %s)", took.Round(time.Millisecond), chaosPeriod)
-		if log := a.Log()[logBefore:]; !strings.Contains(log, "gone from the kernel") {
-			t.Errorf("the agent did not log that the flushed table was noticed:\n%s", log)
-		}
-		// An established connection does not survive: between the flush
-		// and the repair its packets reach the node's own stack (the VIP
-		// is on steelyard0), which resets it.
-		if err := conn.Echo("after ipvsadm -C and the repair", 3*time.Second); err != nil {
-			t.Logf("established connection after ipvsadm -C and the repair: %v", err)
-		} else {
-			t.Logf("established connection survived ipvsadm -C and the repair")
-		}
-		r, err := client.TCPConns(vip, 50, sandbox.Load{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r.Failed() > 0 {
-			t.Errorf("%d of 50 new connections failed after the repair: %v", r.Failed(), r.Errors)
-			// What to look at: the connection table (entries bound to the
-			// deleted destinations) and a second try a few seconds later.
-			conns, _ := sb.Node.Exec("ipvsadm", "-Lnc")
-			states := map[string]int{}
-			for _, l := range strings.Split(conns, "\n") {
-				if fl := strings.Fields(l); len(fl) >= 6 && (fl[0] == "TCP" || fl[0] == "UDP") {
-					states[fl[2]+" "+fl[4]]++
+		for round := 1; round <= 3; round++ {
+			st := stampLog(a.LogPath)
+			est, err := client.Connect(vip, 3*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := client.StartProber(vip, 50*time.Millisecond, 2*time.Second)
+			time.Sleep(300 * time.Millisecond)
+			before := time.Now()
+			if out, err := sb.Node.Exec("ipvsadm", "-C"); err != nil {
+				t.Fatalf("ipvsadm -C: %v\n%s", err, out)
+			}
+			flushed := time.Now()
+			lnc, _ := sb.Node.Exec("ipvsadm", "-Lnc")
+			lncAt := time.Since(before)
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+				if _, ok := verifyGen(gen); ok {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("not repaired after 30 s")
 				}
 			}
-			t.Logf("ipvsadm -Lnc after the repair: entries by state and virtual address: %v", states)
-			time.Sleep(5 * time.Second)
-			if r2, err := client.TCPConns(vip, 50, sandbox.Load{}); err == nil {
-				t.Logf("50 more new connections 5 s later: %s", r2)
+			repaired := time.Since(before)
+			estErr := est.Echo("after flush", 3*time.Second)
+			time.Sleep(500 * time.Millisecond)
+			pok, perrs := p.Stop()
+			r, err := client.TCPConns(vip, 50, sandbox.Load{})
+			if err != nil {
+				t.Fatal(err)
 			}
+			lnc2, _ := sb.Node.Exec("ipvsadm", "-Lnc")
+			st.Stop()
+			t.Logf("round %d: ipvsadm -C at %s (took %s); ipvsadm -Lnc %s after: %d entries; verify passed %s after; established: %v; prober %d ok, failures %v; 50 new after: %s; ipvsadm -Lnc then %d entries\nagent log:\n%s",
+				round, before.Format("15:04:05.000"), flushed.Sub(before).Round(time.Millisecond), lncAt.Round(time.Millisecond), strings.Count(lnc, "\n")-2,
+				repaired.Round(time.Millisecond), estErr, pok, perrs, r, strings.Count(lnc2, "\n")-2, strings.Join(st.since(before.Add(-time.Second)), "\n"))
+			if r.Failed() > 0 {
+				t.Errorf("%d of 50 new connections failed after the repair: %v\n%s", r.Failed(), r.Errors, lnc2)
+			}
+			est.Close()
 		}
 	})
 	a.Stop()

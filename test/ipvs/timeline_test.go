@@ -1,0 +1,99 @@
+//go:build ipvsvm
+
+package ipvs
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+)
+
+// logStamper follows an agent's log file and stamps each new line with the
+// moment it appeared. The agent's own timestamps have one-second
+// resolution, too coarse for a timeline of a repair that takes 1-3 s.
+type logStamper struct {
+	path       string
+	mu         sync.Mutex
+	lines      []stampedLine
+	stop, done chan struct{}
+}
+
+type stampedLine struct {
+	at   time.Time
+	text string
+}
+
+// stampLog starts following path (every 10 ms) until Stop.
+func stampLog(path string) *logStamper {
+	s := &logStamper{path: path, stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		var off int
+		var partial string
+		for {
+			if b, err := os.ReadFile(s.path); err == nil && len(b) > off {
+				now := time.Now()
+				text := partial + string(b[off:])
+				off = len(b)
+				parts := strings.Split(text, "\n")
+				partial = parts[len(parts)-1]
+				s.mu.Lock()
+				for _, l := range parts[:len(parts)-1] {
+					s.lines = append(s.lines, stampedLine{now, l})
+				}
+				s.mu.Unlock()
+			}
+			select {
+			case <-s.stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}()
+	return s
+}
+
+// Stop ends the following.
+func (s *logStamper) Stop() {
+	select {
+	case <-s.stop:
+	default:
+		close(s.stop)
+	}
+	<-s.done
+}
+
+// since returns the lines that appeared after t0, each prefixed with its
+// offset from t0; only those containing one of the filters when given.
+func (s *logStamper) since(t0 time.Time, filters ...string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, l := range s.lines {
+		if l.at.Before(t0) {
+			continue
+		}
+		keep := len(filters) == 0
+		for _, f := range filters {
+			keep = keep || strings.Contains(l.text, f)
+		}
+		if keep {
+			out = append(out, fmt.Sprintf("%+7.3fs %s", l.at.Sub(t0).Seconds(), l.text))
+		}
+	}
+	return out
+}
+
+// first returns when the first line after t0 containing sub appeared.
+func (s *logStamper) first(t0 time.Time, sub string) (time.Duration, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, l := range s.lines {
+		if !l.at.Before(t0) && strings.Contains(l.text, sub) {
+			return l.at.Sub(t0), true
+		}
+	}
+	return 0, false
+}
