@@ -22,7 +22,7 @@ done
 # The VM part is bounded: boot plus suite in at most IPVS_VM_TIMEOUT
 # seconds (about 10 s of it is the boot under TCG; 2 minutes by default;
 # the Makefile gives TestIPVSCapabilities and TestIPVSChaos a VM of their
-# own and 300 s each).
+# own, with 300 s and 420 s).
 vm_timeout=${IPVS_VM_TIMEOUT:-120}
 scripts/vm/run.sh --timeout "$vm_timeout" "${adds[@]}" -- \
 	env STEELYARD_BIN=/work/steelyard STEELYARD_EXAMPLES=/work/examples \

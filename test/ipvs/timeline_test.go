@@ -26,13 +26,22 @@ type stampedLine struct {
 	text string
 }
 
-// stampLog starts following path (every 10 ms) until Stop.
+// stampLog starts following path (every 10 ms) until Stop. The lines
+// already there are stamped with the zero time: before any moment asked.
 func stampLog(path string) *logStamper {
 	s := &logStamper{path: path, stop: make(chan struct{}), done: make(chan struct{})}
+	var off int
+	var partial string
+	if b, err := os.ReadFile(path); err == nil {
+		off = len(b)
+		parts := strings.Split(string(b), "\n")
+		partial = parts[len(parts)-1]
+		for _, l := range parts[:len(parts)-1] {
+			s.lines = append(s.lines, stampedLine{time.Time{}, l})
+		}
+	}
 	go func() {
 		defer close(s.done)
-		var off int
-		var partial string
 		for {
 			if b, err := os.ReadFile(s.path); err == nil && len(b) > off {
 				now := time.Now()
