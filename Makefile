@@ -74,7 +74,7 @@ k8s: control-plane
 # of test/ipvs inside it with real traffic. Installs qemu, the kernel,
 # busybox-static, ipvsadm and ipset itself; the initramfs is cached under
 # ~/.cache/steelyard/vm-<kernel>. About 10 s of boot per VM; the chaos test
-# (docs/chaos.md) has a VM of its own: 126-286 s measured on the shared host
+# (docs/chaos.md) has a VM of its own: 88-286 s measured on the shared host
 # (load 10-33; the VM under TCG slows with it); bounded at 7 minutes.
 ipvs:
 	$(ROOT) env GO=$(GO) scripts/vm/test-ipvs.sh -test.skip 'TestIPVSCapabilities|TestIPVSChaos'
