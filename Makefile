@@ -73,16 +73,19 @@ k8s: control-plane
 # modules) booted under qemu with a small initramfs (scripts/vm/), the suite
 # of test/ipvs inside it with real traffic. Installs qemu, the kernel,
 # busybox-static, ipvsadm and ipset itself; the initramfs is cached under
-# ~/.cache/steelyard/vm-<kernel>. About 10 s of boot, under 2 minutes.
+# ~/.cache/steelyard/vm-<kernel>. About 10 s of boot per VM; the chaos test
+# (docs/chaos.md) has a VM of its own: 88-286 s measured on the shared host
+# (load 10-33; the VM under TCG slows with it); bounded at 7 minutes.
 ipvs:
 	$(ROOT) env GO=$(GO) scripts/vm/test-ipvs.sh -test.skip 'TestIPVSCapabilities|TestIPVSChaos'
 	$(ROOT) env GO=$(GO) IPVS_VM_TIMEOUT=300 scripts/vm/test-ipvs.sh -test.run TestIPVSCapabilities
+	$(ROOT) env GO=$(GO) IPVS_VM_TIMEOUT=420 scripts/vm/test-ipvs.sh -test.run TestIPVSChaos
 
 # The IPVS chaos test alone (SIGKILLs, SIGTERM, ipvsadm -C) in its own VM
-# boot, with 5 minutes for it (docs/chaos.md).
+# boot, with 7 minutes for it (docs/chaos.md); `make ipvs` runs it too.
 .PHONY: ipvs-chaos
 ipvs-chaos:
-	$(ROOT) env GO=$(GO) IPVS_CHAOS=1 IPVS_VM_TIMEOUT=300 scripts/vm/test-ipvs.sh -test.run TestIPVSChaos
+	$(ROOT) env GO=$(GO) IPVS_VM_TIMEOUT=420 scripts/vm/test-ipvs.sh -test.run TestIPVSChaos
 
 # The chained CNI plugin (real bridge + host-local + steelyard-cni through
 # libcni, every spec version) and stale UDP flow cleanup, in namespaces. The

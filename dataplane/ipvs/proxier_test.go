@@ -1,6 +1,7 @@
 package ipvs
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -665,8 +666,10 @@ func TestInternalBackendsAffinityAndIPv6(t *testing.T) {
 	}
 }
 
-// A partial Sync notices a flushed table or a deleted interface and runs
-// full, putting everything back.
+// A partial Sync notices a flushed IPVS table and re-adds the virtual
+// servers that went (ipvsadm -C touches neither the sets nor the rules, so
+// nothing else is rewritten), and a deleted interface makes it run full,
+// putting everything back.
 func TestPartialSyncCanary(t *testing.T) {
 	k := newTestKernel(t)
 	st := state(svc("web", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2:8080", 10), be("198.19.2.2:8080", 90)))
@@ -680,11 +683,19 @@ func TestPartialSyncCanary(t *testing.T) {
 	for _, vs := range vss {
 		_ = k.ipvs.DeleteVirtualServer(vs)
 	}
+	restores := k.ipt.Restores
 	k.sync(t, st, false)
-	if !k.p.LastSync.Full || !k.p.LastSync.CanaryMissing {
-		t.Errorf("stats %+v after a flush, want a full Sync", k.p.LastSync)
+	if st := k.p.LastSync; st.Full || !st.CanaryMissing || st.ServicesWritten != 1 || st.DestWrites != 2 {
+		t.Errorf("stats %+v after a flush, want a repair of 1 virtual server with 2 destinations", k.p.LastSync)
+	}
+	if k.ipt.Restores != restores {
+		t.Errorf("the repair of a flushed IPVS table rewrote the iptables rules (%d restores)", k.ipt.Restores-restores)
 	}
 	checkDump(t, k, want)
+	k.sync(t, st, false)
+	if st := k.p.LastSync; st.CanaryMissing || st.ServicesWritten != 0 {
+		t.Errorf("stats %+v on the Sync after the repair, want nothing written", st)
+	}
 	_ = k.links.DeleteDummy(DefaultInterface)
 	k.sync(t, st, false)
 	if !k.p.LastSync.CanaryMissing {
@@ -938,4 +949,75 @@ func TestPartialSyncBuildsOnlyTheChangedServices(t *testing.T) {
 	checkDump(t, k, "TCP 198.18.0.10:80 wrr\n  -> 198.19.1.2:8080 50\n  -> 198.19.1.3:8080 50\nTCP 198.18.0.11:80 wrr\n  -> 198.19.1.4:8080 1\n")
 	k.sync(t, state(web2, api2), true)
 	checkDump(t, k, "TCP 198.18.0.10:80 wrr\n  -> 198.19.1.2:8080 50\n  -> 198.19.1.3:8080 50\nTCP 198.18.0.11:80 wrr\n  -> 198.19.1.4:8080 3\n")
+}
+
+// A flush that takes some virtual servers (one of them with a draining
+// destination) re-adds exactly those, each with its desired destinations;
+// the untouched one is not rewritten and its draining destination goes on
+// draining.
+func TestPartialSyncRepairsSomeVirtualServers(t *testing.T) {
+	k := newTestKernel(t)
+	web := svc("web", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2:8080", 10), be("198.19.2.2:8080", 90))
+	api := svc("api", "198.18.0.11", 443, dataplane.TCP, be("198.19.1.3:8443", 1), be("198.19.2.3:8443", 1))
+	k.sync(t, state(web, api), true)
+	// One destination of each leaves while it has a connection: both drain.
+	web2 := svc("web", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2:8080", 10))
+	api2 := svc("api", "198.18.0.11", 443, dataplane.TCP, be("198.19.1.3:8443", 1))
+	for _, c := range []struct{ vip, dest string }{{"198.18.0.10:80", "198.19.2.2:8080"}, {"198.18.0.11:443", "198.19.2.3:8443"}} {
+		ap := netip.MustParseAddrPort(c.vip)
+		if !k.ipvs.SetConns(dataplane.VIP{IP: ap.Addr(), Port: ap.Port(), Protocol: dataplane.TCP}, netip.MustParseAddrPort(c.dest), 1, 0) {
+			t.Fatalf("no destination %s of %s", c.dest, c.vip)
+		}
+	}
+	k.sync(t, state(web2, api2), false)
+	if d := k.p.Draining(); len(d) != 2 {
+		t.Fatalf("draining %v, want one destination of each Service", d)
+	}
+	vss, _ := k.ipvs.VirtualServers()
+	for _, vs := range vss {
+		if vs.Address == netip.MustParseAddr("198.18.0.10") {
+			_ = k.ipvs.DeleteVirtualServer(vs)
+		}
+	}
+	k.sync(t, state(web2, api2), false)
+	if st := k.p.LastSync; st.Full || !st.CanaryMissing || st.ServicesWritten != 1 || st.DestWrites != 1 {
+		t.Errorf("stats %+v, want the flushed virtual server re-added with its one desired destination", st)
+	}
+	d := k.p.Draining()
+	if len(d) != 1 || len(d[dataplane.VIP{IP: netip.MustParseAddr("198.18.0.11"), Port: 443, Protocol: dataplane.TCP}]) != 1 {
+		t.Errorf("draining %v, want only api's destination (web's went with the flush)", d)
+	}
+	checkDump(t, k, `TCP 198.18.0.10:80 wrr
+  -> 198.19.1.2:8080 10
+TCP 198.18.0.11:443 wrr
+  -> 198.19.1.3:8443 1
+  -> 198.19.2.3:8443 0
+`)
+}
+
+// A closed Config.Stop ends a Sync before its next virtual server: nothing
+// more is written, the Sync fails with ErrShutdown, and the next Proxier
+// (a restart) completes the work.
+func TestSyncStops(t *testing.T) {
+	k := newTestKernel(t)
+	stop := make(chan struct{})
+	k.cfg.Stop = stop
+	k.restart()
+	var svcs []dataplane.ServicePort
+	for i := 0; i < 5; i++ {
+		svcs = append(svcs, svc(fmt.Sprintf("s%d", i), fmt.Sprintf("198.18.0.%d", 10+i), 80, dataplane.TCP, be(fmt.Sprintf("198.19.1.%d:8080", 2+i), 1)))
+	}
+	k.sync(t, state(svcs[:2]...), true)
+	before := k.ipvs.Dump()
+	close(stop)
+	if _, err := k.p.Sync(state(svcs...), dataplane.SyncRequest{}); !errors.Is(err, ErrShutdown) {
+		t.Fatalf("Sync after Stop: %v, want ErrShutdown", err)
+	}
+	checkDump(t, k, before)
+	k.cfg.Stop = nil
+	k.restart()
+	k.sync(t, state(svcs...), false)
+	if vss, _ := k.ipvs.VirtualServers(); len(vss) != 5 {
+		t.Errorf("%d virtual servers after the restart's Sync, want 5", len(vss))
+	}
 }

@@ -69,28 +69,25 @@ endpoints:
 
 // TestIPVSChaos: faults of issue 15 in IPVS mode, with new connections to
 // an unchanged Service every 50 ms and an established one echoing
-// throughout:
+// throughout (part of `make ipvs`; about 80 s of VM time under TCG):
 //   - sigkill: 8 SIGKILLs at random moments of syncs of a change to 10
 //     Services (and of restarts). IPVS programming is one netlink request
 //     per service and destination, not a transaction, so after a kill the
 //     kernel may hold parts of both generations: the test counts those
 //     kills, and requires that the restarted agent (no flush) repairs
 //     them, and that no connection to the unchanged Service fails;
-//   - sigterm-mid-sync: SIGTERM just inside the sync of a change: the
-//     agent exits within 2 s and leaves no process in the node namespace;
-//   - ipvsadm-C: another tool deletes every virtual service; the periodic
-//     sync (2 s) notices and restores them, and new connections succeed
-//     after (an established connection is reset by the node in between:
-//     IPVS cannot keep it).
+//   - sigterm-mid-sync: 3 times, SIGTERM once the sync of a change has
+//     written its first destination (the agent's debug log says so): the
+//     agent exits within 2 s (not judged when the VM is starved of CPU)
+//     and leaves no process in the node namespace;
+//   - ipvsadm-C: 3 times, another tool deletes every virtual service. The
+//     first periodic sync after it notices (the canary: one netlink dump)
+//     and re-adds them; new connections in between are refused (the VIP
+//     is on steelyard0 with nothing listening), never after the repair;
+//     the established connection is lost, by the kernel (see below).
 func TestIPVSChaos(t *testing.T) {
 	if steelyardBin == "" {
 		t.Skip("runs inside the IPVS VM (scripts/vm/test-ipvs.sh); STEELYARD_BIN unset")
-	}
-	if os.Getenv("IPVS_CHAOS") == "" {
-		// Not yet in `make ipvs`: under TCG on a loaded machine its agent
-		// restarts took 10-50 s each and it never finished in the VM's
-		// time; `make ipvs-chaos` runs it alone with more time.
-		t.Skip("IPVS_CHAOS unset (make ipvs-chaos)")
 	}
 	sb := sandbox.NewT(t, sandbox.Options{})
 	client, err := sb.AddClient(netip.Addr{})
@@ -128,7 +125,7 @@ func TestIPVSChaos(t *testing.T) {
 	start := func() *sandbox.Agent {
 		t.Helper()
 		a, err := sb.StartAgent(steelyardBin, "run", "--manifests", f.dir, "--mode", "ipvs",
-			"--cluster-cidr", sandbox.ClusterCIDR.String(), "--sync-period", chaosPeriod.String(), "--log-level", "info",
+			"--cluster-cidr", sandbox.ClusterCIDR.String(), "--sync-period", chaosPeriod.String(), "--log-level", "debug",
 			"--metrics-bind-address", "", "--healthz-bind-address", "")
 		if err != nil {
 			t.Fatal(err)
@@ -174,6 +171,8 @@ func TestIPVSChaos(t *testing.T) {
 	defer conn.Close()
 	probe := client.StartProber(vip, 50*time.Millisecond, 2*time.Second)
 	defer probe.Stop()
+	starve := startLagMeter()
+	defer starve.Stop()
 
 	t.Run("sigkill", func(t *testing.T) {
 		var mixed, heldNew int
@@ -222,80 +221,196 @@ func TestIPVSChaos(t *testing.T) {
 	})
 
 	t.Run("sigterm-mid-sync", func(t *testing.T) {
-		gen++
-		writeGen(gen)
-		// Inside the sync: the change waits for --min-sync-period
-		// (250 ms) at most, and a sync of the 10 changed Services takes
-		// longer than 100 ms under TCG.
-		time.Sleep(time.Duration(250+rand.IntN(100)) * time.Millisecond)
-		sent := time.Now()
-		a.Stop()
-		took := time.Since(sent)
-		t.Logf("agent exited %s after SIGTERM", took.Round(time.Millisecond))
-		if took > 2*time.Second {
-			t.Errorf("agent took %s to exit after SIGTERM, want at most 2 s", took.Round(time.Millisecond))
+		for round := 1; round <= 3; round++ {
+			st := stampLog(a.LogPath)
+			gen++
+			writeGen(gen)
+			changed := time.Now()
+			// SIGTERM once the sync writes: its first destination.
+			var first time.Duration
+			for ok := false; !ok; time.Sleep(5 * time.Millisecond) {
+				if first, ok = st.first(changed, writeLine); !ok && time.Since(changed) > 20*time.Second {
+					st.Stop()
+					t.Fatalf("round %d: no destination written 20 s after the change:\n%s", round, strings.Join(st.since(changed), "\n"))
+				}
+			}
+			lag := startLagMeter()
+			before := countWrites(a.Log())
+			sent := time.Now()
+			a.Stop()
+			took := time.Since(sent)
+			maxLag := lag.Stop()
+			after := countWrites(a.Log()) - before
+			time.Sleep(20 * time.Millisecond)
+			st.Stop()
+			t.Logf("round %d: first destination written %s after the change; SIGTERM %s later: exited after %s (largest scheduling lag in the VM meanwhile %s); %d writes logged after SIGTERM; log after SIGTERM:\n%s",
+				round, first.Round(time.Millisecond), sent.Sub(changed.Add(first)).Round(time.Millisecond), took.Round(time.Millisecond), maxLag.Round(time.Millisecond), after,
+				strings.Join(st.since(sent, "level=info", "level=warn", "level=error"), "\n"))
+			// Not judged: the writes after SIGTERM depend on how fast the
+			// signal reaches the sync through the Go runtime (a goroutine
+			// cancels the shutdown context) against 3-5 ms per netlink
+			// write here (measured: 0-23 of 40); the sync's stopping
+			// itself is TestSyncStops in dataplane/ipvs.
+			switch {
+			case took <= 2*time.Second:
+			case maxLag > chaosStarved:
+				t.Logf("round %d: exit after %s not judged: the VM was starved of CPU (a 5 ms sleep woke %s late)", round, took.Round(time.Millisecond), maxLag.Round(time.Millisecond))
+			default:
+				t.Errorf("round %d: agent took %s to exit after SIGTERM, want at most 2 s", round, took.Round(time.Millisecond))
+			}
+			waitEmpty("after SIGTERM")
+			a = start()
+			waitSynced(a)
+			f.waitVerify(30 * time.Second)
 		}
-		waitEmpty("after SIGTERM")
-		a = start()
-		waitSynced(a)
-		f.waitVerify(30 * time.Second)
 	})
 	if err := conn.Echo("after the kills and restarts", 3*time.Second); err != nil {
 		t.Errorf("established connection after the kills and restarts: %v", err)
 	}
 	probeOK, probeErrs := probe.Stop()
-	t.Logf("new connections to %s during kills and restarts: %d ok, %d failed", vip, probeOK, len(probeErrs))
-	if len(probeErrs) > 0 {
-		t.Errorf("%d new connections to the unchanged Service failed:\n%s", len(probeErrs), strings.Join(probeErrs, "\n"))
+	judged, excused := starve.excuse(probeErrs, 2*time.Second)
+	t.Logf("new connections to %s during kills and restarts: %d ok, %d failed (%d of them timeouts while the VM was starved of CPU, not judged: %v)", vip, probeOK, len(probeErrs), len(excused), excused)
+	if len(judged) > 0 {
+		t.Errorf("%d new connections to the unchanged Service failed:\n%s", len(judged), strings.Join(judged, "\n"))
 	}
 
 	t.Run("ipvsadm-C", func(t *testing.T) {
-		logBefore := len(a.Log())
-		if out, err := sb.Node.Exec("ipvsadm", "-C"); err != nil {
-			t.Fatalf("ipvsadm -C: %v\n%s", err, out)
-		}
-		flushed := time.Now()
-		if table, _ := f.ipvsadm(); len(table) != 0 {
-			t.Fatalf("ipvsadm -C left %d virtual services", len(table))
-		}
-		f.waitVerify(30 * time.Second)
-		took := time.Since(flushed)
-		// No bound on the time: under TCG a full sync of these 11
-		// Services takes 3-8 s. The repair must come from the periodic
-		// sync noticing the table is gone, not from chance.
-		t.Logf("virtual services deleted by ipvsadm -C restored after %s (sync period %s)", took.Round(time.Millisecond), chaosPeriod)
-		if log := a.Log()[logBefore:]; !strings.Contains(log, "gone from the kernel") {
-			t.Errorf("the agent did not log that the flushed table was noticed:\n%s", log)
-		}
-		// An established connection does not survive: between the flush
-		// and the repair its packets reach the node's own stack (the VIP
-		// is on steelyard0), which resets it.
-		if err := conn.Echo("after ipvsadm -C and the repair", 3*time.Second); err != nil {
-			t.Logf("established connection after ipvsadm -C and the repair: %v", err)
-		} else {
-			t.Logf("established connection survived ipvsadm -C and the repair")
-		}
-		r, err := client.TCPConns(vip, 50, sandbox.Load{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r.Failed() > 0 {
-			t.Errorf("%d of 50 new connections failed after the repair: %v", r.Failed(), r.Errors)
-			// What to look at: the connection table (entries bound to the
-			// deleted destinations) and a second try a few seconds later.
-			conns, _ := sb.Node.Exec("ipvsadm", "-Lnc")
-			states := map[string]int{}
-			for _, l := range strings.Split(conns, "\n") {
-				if fl := strings.Fields(l); len(fl) >= 6 && (fl[0] == "TCP" || fl[0] == "UDP") {
-					states[fl[2]+" "+fl[4]]++
-				}
-			}
-			t.Logf("ipvsadm -Lnc after the repair: entries by state and virtual address: %v", states)
-			time.Sleep(5 * time.Second)
-			if r2, err := client.TCPConns(vip, 50, sandbox.Load{}); err == nil {
-				t.Logf("50 more new connections 5 s later: %s", r2)
-			}
+		for round := 1; round <= 3; round++ {
+			ipvsadmC(t, round, f, a, client, vip, starve, func() bool { _, ok := verifyGen(gen); return ok })
 		}
 	})
 	a.Stop()
+}
+
+// writeLine is in the agent's debug log for each destination it adds.
+const writeLine = "msg=\"added destination\""
+
+// chaosStarved: a 5 ms sleep that wakes more than this late means the VM
+// did not get the CPU (TCG on a loaded host), and a wall-clock bound of the
+// agent is not judged.
+const chaosStarved = 250 * time.Millisecond
+
+// countWrites counts the kernel writes in an agent's debug log.
+func countWrites(log string) int {
+	n := 0
+	for _, m := range []string{"added virtual server", "added destination", "changed weight", "destination draining at weight 0", "deleted drained destination", "deleted virtual server"} {
+		n += strings.Count(log, "msg=\""+m+"\"")
+	}
+	return n
+}
+
+// ipvsadmC is one round of the ipvsadm -C fault: a prober (every 50 ms)
+// runs across it, and the round's timeline is logged: the flush, the
+// connection table right after it, the canary's line, the repair's sync,
+// verify, each failed connection; then 50 new connections.
+func ipvsadmC(t *testing.T, round int, f *fixture, a *sandbox.Agent, client *sandbox.NS, vip netip.AddrPort, starve *lagMeter, verified func() bool) {
+	t.Helper()
+	st := stampLog(a.LogPath)
+	defer st.Stop()
+	est, err := client.Connect(vip, 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer est.Close()
+	p := client.StartProber(vip, 50*time.Millisecond, 2*time.Second)
+	defer p.Stop()
+	time.Sleep(300 * time.Millisecond)
+	t0 := time.Now()
+	if out, err := f.sb.Node.Exec("ipvsadm", "-C"); err != nil {
+		t.Fatalf("ipvsadm -C: %v\n%s", err, out)
+	}
+	flushed := time.Since(t0)
+	// The connection table before any repair: with expire_nodest_conn=1
+	// (Sysctls) the kernel itself drops the entries of the destinations
+	// the flush deleted, within a jiffy of it.
+	lnc, _ := f.sb.Node.Exec("ipvsadm", "-Lnc")
+	lncAt := time.Since(t0)
+	for deadline := time.Now().Add(30 * time.Second); !verified(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("round %d: verify still fails 30 s after ipvsadm -C:\n%s", round, strings.Join(st.since(t0), "\n"))
+		}
+	}
+	verifiedAt := time.Since(t0)
+	noticed, ok := st.first(t0, "gone from the kernel")
+	if !ok {
+		t.Fatalf("round %d: the agent did not log that the flushed table was noticed:\n%s", round, strings.Join(st.since(t0), "\n"))
+	}
+	// The repair's sync logs "synced" after its last write: verify may
+	// pass before that line is out.
+	var repaired time.Duration
+	syncs := 0 // syncs that ended between the flush and the canary's line
+	for deadline := time.Now().Add(30 * time.Second); repaired == 0; time.Sleep(20 * time.Millisecond) {
+		syncs = 0
+		for _, l := range st.since(t0, "msg=synced") {
+			var off float64
+			fmt.Sscanf(l, "%f", &off)
+			at := time.Duration(off * float64(time.Second))
+			if at < noticed {
+				syncs++
+			} else if repaired == 0 {
+				repaired = at
+			}
+		}
+		if repaired == 0 && time.Now().After(deadline) {
+			t.Fatalf("round %d: no sync ended 30 s after the canary noticed the flush:\n%s", round, strings.Join(st.since(t0), "\n"))
+		}
+	}
+	estErr := est.Echo("after ipvsadm -C", 3*time.Second)
+	// Past the prober's 2 s dial timeout, so that every dial started
+	// before the repair has ended.
+	time.Sleep(2 * time.Second)
+	pok, perrs := p.Stop()
+	r, err := client.TCPConns(vip, 50, sandbox.Load{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each failed dial against the timeline: after the flush, before the
+	// repair's sync ended (a dial fails when it ends, at most 2 s later).
+	// Timeouts while the VM was starved of CPU are not judged (seen: one
+	// at a host load of 18, when ipvsadm -C itself took 4.7 s).
+	judged, excused := starve.excuse(perrs, 2*time.Second)
+	var late []string
+	for _, e := range judged {
+		at, ok := failureTime(e)
+		if !ok {
+			continue
+		}
+		if off := at.Sub(t0); off < 0 || off > repaired+2*time.Second {
+			late = append(late, fmt.Sprintf("%+.3fs %s", off.Seconds(), e))
+		}
+	}
+	classes := map[string]int{}
+	for _, e := range perrs {
+		switch {
+		case strings.Contains(e, "connection refused"):
+			classes["refused"]++
+		case strings.Contains(e, "timeout"):
+			classes["timeout"]++
+		default:
+			classes["other"]++
+		}
+	}
+	// The flush happened somewhere inside the ipvsadm run: the window
+	// without virtual services is between repaired-flushed and repaired.
+	t.Logf("round %d: ipvsadm -C took %s; connection table %s after it: %d entries; canary noticed it %s after (%d periodic syncs ended in between); repair sync ended at %s; verify passed at %s; prober: %d ok, %d failed %v (a dial every 50 ms: %d-%d in the window; %d timeouts while the VM was starved, not judged); established connection: %v; 50 new after: %s",
+		round, flushed.Round(time.Millisecond), lncAt.Round(time.Millisecond), max(0, strings.Count(lnc, "\n")-2), noticed.Round(time.Millisecond), syncs,
+		repaired.Round(time.Millisecond), verifiedAt.Round(time.Millisecond), pok, len(perrs), classes, (repaired-flushed)/(50*time.Millisecond), repaired/(50*time.Millisecond), len(excused), errString(estErr), r)
+	if syncs > 1 {
+		// One sync may have been running when the flush came.
+		t.Errorf("round %d: %d periodic syncs ended after the flush before the canary noticed it, want at most 1:\n%s", round, syncs, strings.Join(st.since(t0), "\n"))
+	}
+	if len(late) > 0 {
+		t.Errorf("round %d: %d new connections failed outside the repair window (0 to %s after the flush):\n%s", round, len(late), repaired+2*time.Second, strings.Join(late, "\n"))
+	}
+	if r.Failed() > 0 {
+		lnc2, _ := f.sb.Node.Exec("ipvsadm", "-Lnc")
+		t.Errorf("round %d: %d of 50 new connections failed after the repair: %v\nipvsadm -Lnc:\n%s\nagent log:\n%s", round, r.Failed(), r.Errors, lnc2, strings.Join(st.since(t0), "\n"))
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "survived"
+	}
+	return err.Error()
 }
