@@ -77,7 +77,7 @@ k8s: control-plane
 # (docs/chaos.md) has a VM of its own: 88-286 s measured on the shared host
 # (load 10-33; the VM under TCG slows with it); bounded at 7 minutes.
 ipvs:
-	$(ROOT) env GO=$(GO) scripts/vm/test-ipvs.sh -test.skip 'TestIPVSCapabilities|TestIPVSChaos'
+	$(ROOT) env GO=$(GO) IPVS_VM_TIMEOUT=300 scripts/vm/test-ipvs.sh -test.skip 'TestIPVSCapabilities|TestIPVSChaos'
 	$(ROOT) env GO=$(GO) IPVS_VM_TIMEOUT=300 scripts/vm/test-ipvs.sh -test.run TestIPVSCapabilities
 	$(ROOT) env GO=$(GO) IPVS_VM_TIMEOUT=420 scripts/vm/test-ipvs.sh -test.run TestIPVSChaos
 
