@@ -135,6 +135,7 @@ func (a *Agent) Sync() error {
 		routed = routes.serviceNames()
 	}
 	state, problems := a.Builder.Build(svcs, slices)
+	built := clk.Now()
 	ps := make([]string, 0, len(problems))
 	for _, p := range problems {
 		ps = append(ps, p.Error())
@@ -193,12 +194,35 @@ func (a *Agent) Sync() error {
 		n.Programmed()
 	}
 	a.observe(state, drained, full, start, len(problems)+len(errs))
-	fields := logrus.Fields{"full": full, "services": len(state.Services), "took": clk.Since(start).Round(time.Microsecond).String()}
+	fields := logrus.Fields{"full": full, "services": len(state.Services), "took": clk.Since(start).Round(time.Microsecond).String(),
+		// Where a sync's time goes: reading the caches and building the
+		// desired state, then the dataplane (and what follows it).
+		"build": built.Sub(start).Round(time.Microsecond).String()}
 	if changed >= 0 {
 		fields["changed"] = changed
 	}
+	if oldest, ok := oldestTrigger(drained.Triggers); ok {
+		// From the oldest endpoint change this sync programs (its
+		// last-change-trigger-time) to the sync's start: the API server,
+		// the watch, the tracker and the runner's wait together.
+		fields["queued"] = start.Sub(oldest).Round(time.Microsecond).String()
+	}
 	agentLog.WithFields(fields).Info("synced")
 	return nil
+}
+
+// oldestTrigger returns the earliest of ts.
+func oldestTrigger(ts []time.Time) (time.Time, bool) {
+	if len(ts) == 0 {
+		return time.Time{}, false
+	}
+	oldest := ts[0]
+	for _, t := range ts[1:] {
+		if t.Before(oldest) {
+			oldest = t
+		}
+	}
+	return oldest, true
 }
 
 // changedServices returns the Services whose ports may differ from the
