@@ -346,6 +346,15 @@ func runProxy(ctx context.Context, cfg *config, cp *controlplane.ControlPlane, w
 			return r
 		}
 		defer nw.stop()
+		t := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, cfg.syncTimeout)
+		err = nw.ready(rctx, s.Node.Name)
+		cancel()
+		if err != nil {
+			r.fail = "nft monitor: " + err.Error()
+			return r
+		}
+		vlog("nft monitor ready after %v", time.Since(t).Round(time.Millisecond))
 		m.watch = nw
 	}
 	before, err := sc.scrape(ctx)
