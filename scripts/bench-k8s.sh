@@ -32,7 +32,11 @@
 #                    endpoints.kubernetes.io/last-change-trigger-time). From
 #                    the API write to the end of the first sync after which
 #                    that address is in the kernel (same method: the kernel
-#                    is watched, not the proxy's histogram).
+#                    is watched, not the proxy's histogram). nftables modes:
+#                    to the kernel event that added the address, read from
+#                    `nft monitor` in the namespace (a read-back of
+#                    steelyard's table takes about 1 s at 1,000 Services,
+#                    longer than the gap to its next sync).
 #   netprog          the proxy's own network-programming histogram over the
 #                    same changes (bucket upper bounds only).
 #   partial sync     mean and count of the proxy's partial-sync histogram

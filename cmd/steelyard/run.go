@@ -141,6 +141,7 @@ func newRunCommand() *cobra.Command {
 				return err
 			}
 			r := runner.New(agent.Sync, minSyncPeriod, syncPeriod, 0, nil)
+			r.SetBurst(syncBurst)
 			agent.Requeue = r.Trigger // a dataplane's RequeueAfter (IPVS draining)
 			node.sysctlDir = dp.sysctlDir
 			if err := node.setupParity(ctx, agent, d, addrs, kubeconfig, manifests, nodeName, r.Trigger); err != nil {
@@ -214,9 +215,16 @@ func newRunCommand() *cobra.Command {
 	cmd.Flags().StringVar(&healthzAddr, "healthz-bind-address", "0.0.0.0:10276", "address of /healthz and /readyz (kube-proxy's is :10256); empty: off")
 	cmd.Flags().DurationVar(&syncPeriod, "sync-period", 30*time.Second, "periodic sync interval: writes what changed and checks a canary rule (a flushed table forces a full resync)")
 	cmd.Flags().DurationVar(&fullSyncPeriod, "full-sync-period", time.Hour, "full resync interval: reads the kernel back and rewrites what differs, repairing rules changed by hand")
-	cmd.Flags().DurationVar(&minSyncPeriod, "min-sync-period", 250*time.Millisecond, "minimum time between syncs; bursts of changes merge")
+	cmd.Flags().DurationVar(&minSyncPeriod, "min-sync-period", 250*time.Millisecond, "minimum time between syncs on average (two may run back to back); bursts of changes merge")
 	return cmd
 }
+
+// syncBurst is how many syncs may start back to back before
+// --min-sync-period holds them apart (kube-proxy's burstSyncs is 2 too): a
+// change right after another sync, such as the stale-chain cleanup that
+// nftables mode runs a second after each change, is programmed at once
+// instead of waiting up to the whole --min-sync-period.
+const syncBurst = 2
 
 // shutdownGrace is how long SIGTERM waits for the sync in progress to end
 // once its kernel children are killed; the agent exits within 2 s of

@@ -152,3 +152,120 @@ func TestStopDuringSync(t *testing.T) {
 		}
 	}
 }
+
+// syncTimes returns when the syncs ran, relative to the first one.
+func (r *recorder) syncTimes() []time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]time.Duration, len(r.calls))
+	for i, c := range r.calls {
+		out[i] = c.Sub(r.calls[0])
+	}
+	return out
+}
+
+// triggerAt moves the fake clock to at (relative to the first sync) and
+// asks for a sync, once the runner sleeps.
+func triggerAt(t *testing.T, rec *recorder, r *Runner, at time.Duration) {
+	t.Helper()
+	waitTimer(t, rec.clk)
+	rec.mu.Lock()
+	first := rec.calls[0]
+	rec.mu.Unlock()
+	if d := first.Add(at).Sub(rec.clk.Now()); d > 0 {
+		rec.clk.Step(d)
+	}
+	waitTimer(t, rec.clk)
+	r.Trigger()
+}
+
+// A change a moment after a sync nobody waited for (the nftables stale-chain
+// cleanup runs one second after each change) is programmed at once with a
+// burst of 2, as kube-proxy's runner does; with a burst of 1 (every two
+// syncs MinInterval apart: the runner before the bucket) it waits for the
+// rest of MinInterval. Another change right behind it waits in both cases:
+// sustained changes are still held to one sync per MinInterval.
+func TestChangeAfterACleanupSync(t *testing.T) {
+	const minI = 250 * time.Millisecond
+	for _, tc := range []struct {
+		burst int
+		want  []time.Duration // sync start times after the first sync
+	}{
+		// The two changes merge into the sync at 1.25 s.
+		{1, []time.Duration{time.Second, 1250 * time.Millisecond}},
+		// The first change at once, the second when a token is back.
+		{2, []time.Duration{time.Second, 1100 * time.Millisecond, 1250 * time.Millisecond}},
+	} {
+		clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+		rec := &recorder{clk: clk, ran: make(chan struct{}, 100)}
+		r := New(rec.fn, minI, time.Hour, 0, clk)
+		r.SetBurst(tc.burst)
+		stop := make(chan struct{})
+		go r.Run(stop)
+		<-rec.ran // the first (full) sync at 0
+
+		triggerAt(t, rec, r, time.Second) // the cleanup sync, 1 s later
+		expectRun(t, rec)
+		triggerAt(t, rec, r, 1100*time.Millisecond) // a change 100 ms later
+		if tc.burst > 1 {
+			expectRun(t, rec)
+		} else {
+			expectNoRun(t, rec)
+		}
+		waitTimer(t, clk)
+		r.Trigger()         // another change right behind it
+		expectNoRun(t, rec) // (and the runner has set its timer again)
+		for range 10 {
+			waitTimer(t, clk)
+			clk.Step(50 * time.Millisecond)
+			select {
+			case <-rec.ran:
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		close(stop)
+		got := rec.syncTimes()[1:]
+		if len(got) != len(tc.want) {
+			t.Errorf("burst %d: syncs at %v after the first, want %v", tc.burst, got, tc.want)
+			continue
+		}
+		for i := range got {
+			if got[i] != tc.want[i] {
+				t.Errorf("burst %d: syncs at %v after the first, want %v", tc.burst, got, tc.want)
+				break
+			}
+		}
+	}
+}
+
+// However many triggers arrive, syncs start at most Burst + elapsed /
+// MinInterval times, and those after the burst are MinInterval apart.
+func TestSustainedChangesHeldToMinInterval(t *testing.T) {
+	const minI = 250 * time.Millisecond
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	rec := &recorder{clk: clk, ran: make(chan struct{}, 1000)}
+	r := New(rec.fn, minI, time.Hour, 0, clk)
+	r.SetBurst(2)
+	stop := make(chan struct{})
+	defer close(stop)
+	go r.Run(stop)
+	<-rec.ran
+	for step := 1; step <= 40; step++ { // a change every 50 ms for 2 s
+		waitTimer(t, clk)
+		clk.Step(50 * time.Millisecond)
+		r.Trigger()
+		select {
+		case <-rec.ran:
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	got := rec.syncTimes()
+	if n, most := len(got), 2+int(2*time.Second/minI); n > most || n < most-2 {
+		t.Errorf("%d syncs in 2 s of constant change, want %d at most (and not far fewer): %v", n, most, got)
+	}
+	for i := 3; i < len(got); i++ {
+		if d := got[i] - got[i-1]; d < minI {
+			t.Errorf("syncs %d and %d only %v apart after the burst: %v", i-1, i, d, got)
+		}
+	}
+}

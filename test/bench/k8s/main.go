@@ -25,6 +25,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"math"
@@ -309,6 +310,9 @@ func runProxy(ctx context.Context, cfg *config, cp *controlplane.ControlPlane, w
 	defer sc.close()
 	dump := p.kernelDump()
 	m := &monitor{agent: a, scraper: sc, dump: dump, ns: s.Node.Name}
+	if cfg.verbose {
+		m.trace = logf
+	}
 
 	// Phase 1: the first full sync.
 	sctx, cancel := context.WithTimeout(ctx, cfg.syncTimeout)
@@ -333,7 +337,26 @@ func runProxy(ctx context.Context, cfg *config, cp *controlplane.ControlPlane, w
 		return r
 	}
 
-	// Phase 2: endpoint changes, one at a time.
+	// Phase 2: endpoint changes, one at a time. In nftables mode the
+	// kernel's own events say when each address arrived (nftWatch).
+	if table := p.nftTable(); table != "" {
+		nw, err := startNFTWatch(ctx, s.Node.Name, table)
+		if err != nil {
+			r.fail = err.Error()
+			return r
+		}
+		defer nw.stop()
+		t := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, cfg.syncTimeout)
+		err = nw.ready(rctx, s.Node.Name)
+		cancel()
+		if err != nil {
+			r.fail = "nft monitor: " + err.Error()
+			return r
+		}
+		vlog("nft monitor ready after %v", time.Since(t).Round(time.Millisecond))
+		m.watch = nw
+	}
 	before, err := sc.scrape(ctx)
 	if err != nil {
 		r.fail = err.Error()
@@ -406,6 +429,10 @@ type monitor struct {
 	scraper *scraper
 	dump    kernelDump
 	ns      string
+	trace   func(string, ...any) // -v: each step of waitProgrammed
+	// watch, in nftables mode, gives the time each address reached the
+	// kernel; without it (iptables) the rules are read back after each sync.
+	watch *nftWatch
 }
 
 func (m *monitor) exited() error {
@@ -454,9 +481,30 @@ func (m *monitor) waitFirstSync(ctx context.Context, want int) (time.Time, int, 
 // The latency is the end of the first sync after which the rule was there,
 // minus t0. When another sync ended while the rules were being read, that
 // later sync is taken (the latency may then be over-, never under-stated).
+//
+// With a watch (nftables mode) the latency is instead from t0 to the
+// kernel event that added want: the commit of the transaction, which is
+// what reaching the kernel means; the proxy's sync end follows it.
 func (m *monitor) waitProgrammed(ctx context.Context, limit time.Duration, want string, t0 time.Time) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
+	if m.watch != nil {
+		tc, err := m.watch.wait(ctx, want)
+		if errors.Is(err, errStopped) {
+			// Measured by reading the rules back from now on (slower
+			// to read, and the latency may then be overstated).
+			logf("%v: reading the rules back after each sync instead", err)
+			m.watch = nil
+			return m.waitProgrammed(ctx, limit, want, t0)
+		}
+		if err != nil {
+			return 0, err
+		}
+		if m.trace != nil {
+			m.trace("trace: in the kernel %v after the write; the proxy's last sync end then: %+v", tc.Sub(t0).Round(time.Millisecond), m.scraper.lastSync(ctx).Sub(t0).Round(time.Millisecond))
+		}
+		return tc.Sub(t0), nil
+	}
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	var checked time.Time
@@ -465,6 +513,7 @@ func (m *monitor) waitProgrammed(ctx context.Context, limit time.Duration, want 
 			return 0, err
 		}
 		if ts := m.scraper.lastSync(ctx); ts.After(t0) && !ts.Equal(checked) {
+			s0 := time.Now()
 			_, found, err := m.dump.scan(ctx, m.ns, want)
 			if err != nil {
 				if ctx.Err() != nil {
@@ -472,8 +521,14 @@ func (m *monitor) waitProgrammed(ctx context.Context, limit time.Duration, want 
 				}
 				return 0, err
 			}
+			if m.trace != nil {
+				m.trace("trace: sync end %v after the write, scan at +%v took %v, found %v", ts.Sub(t0).Round(time.Millisecond), s0.Sub(t0).Round(time.Millisecond), time.Since(s0).Round(time.Millisecond), found)
+			}
 			if found {
 				if ts2 := m.scraper.lastSync(ctx); ts2.After(ts) {
+					if m.trace != nil {
+						m.trace("trace: a later sync ended at +%v, during the scan", ts2.Sub(t0).Round(time.Millisecond))
+					}
 					ts = ts2
 				}
 				return ts.Sub(t0), nil
@@ -646,8 +701,8 @@ first full sync: process start to the end of the first sync after which the kern
   endpoint of every Service (sync end times from the proxy's health endpoint, polled; rules read back with
   iptables-save / nft after each sync).
 change p50/p99: API write of a new endpoint address (slice stamped with last-change-trigger-time) to the
-  end of the first sync after which that address was in the kernel (same method); a random 0-%s pause
-  before each change. netprog: the proxy's own histogram over the same changes (bucket upper bounds).
+  end of the first sync after which that address was in the kernel (same method; nftables modes: to the
+  kernel's own event adding it, read from nft monitor); a random 0-%s pause before each change. netprog: the proxy's own histogram over the same changes (bucket upper bounds).
 partial sync: the proxy's partial-sync histogram over the changes (mean and count, periodic syncs included).
 CPU: utime+stime of the proxy, its waited-for children (cutime+cstime: iptables-restore, nft) and live
   descendants, from /proc; up to the first full sync / during the changes. peak RSS: the proxy's VmHWM.

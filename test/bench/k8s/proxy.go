@@ -180,6 +180,18 @@ func (p proxy) kernelDump() kernelDump {
 	return kernelDump{argv: []string{"iptables-" + p.flavour + "-save", "-t", "nat"}}
 }
 
+// nftTable is the nftables table (family ip) the proxy writes in nftables
+// mode, "" for the iptables modes.
+func (p proxy) nftTable() string {
+	switch p.name {
+	case proxyKubeProxyNFTables:
+		return "kube-proxy"
+	case proxySteelyardNFTables:
+		return "steelyard"
+	}
+	return ""
+}
+
 // endpointRE matches one DNAT destination to an endpoint: iptables'
 // "--to-destination IP:8080", nft's "dnat to IP:8080" (a Service with one
 // endpoint, or an endpoint chain) and the "N : IP . 8080" entries of the
