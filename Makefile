@@ -185,7 +185,8 @@ gateway-conformance: node-deps
 FUZZTIME ?= 20s
 FUZZ_TARGETS := ./controller/:FuzzParseWeights ./controller/:FuzzParseSplit ./controller/:FuzzParseSliceWeight \
 	./controller/:FuzzManifests ./controller/:FuzzBuild ./controller/:FuzzBuildObjects ./cni/:FuzzPlugin \
-	./controller/ingress/:FuzzRender ./controller/ingress/:FuzzSettings ./cmd/steelyard/:FuzzMasqueradeFlags
+	./controller/ingress/:FuzzRender ./controller/ingress/:FuzzSettings ./controller/ingress/:FuzzHTTPRouteValues \
+	./controller/gateway/:FuzzTranslate ./cmd/steelyard/:FuzzMasqueradeFlags
 fuzz:
 	set -e; for t in $(FUZZ_TARGETS); do \
 		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) "$${t%%:*}"; \
