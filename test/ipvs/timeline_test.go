@@ -97,12 +97,17 @@ func (s *logStamper) since(t0 time.Time, filters ...string) []string {
 }
 
 // first returns when the first line after t0 containing sub appeared.
-func (s *logStamper) first(t0 time.Time, sub string) (time.Duration, bool) {
+func (s *logStamper) first(t0 time.Time, subs ...string) (time.Duration, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, l := range s.lines {
-		if !l.at.Before(t0) && strings.Contains(l.text, sub) {
-			return l.at.Sub(t0), true
+		if l.at.Before(t0) {
+			continue
+		}
+		for _, sub := range subs {
+			if strings.Contains(l.text, sub) {
+				return l.at.Sub(t0), true
+			}
 		}
 	}
 	return 0, false
