@@ -65,56 +65,48 @@ func decodeFuzzObjects(data []byte, in *Input) {
 		if yaml.Unmarshal(doc, &tm) != nil {
 			continue
 		}
-		fix := func(m *metav1.ObjectMeta) {
-			m.Namespace = fuzzNS
-			m.CreationTimestamp = metav1.NewTime(t0.Add(time.Hour + time.Duration(i)*time.Second))
-		}
+		at := metav1.NewTime(t0.Add(time.Hour + time.Duration(i)*time.Second))
 		switch tm.Kind {
 		case "Gateway":
-			var o gwv1.Gateway
-			if yaml.Unmarshal(doc, &o) == nil {
-				fix(&o.ObjectMeta)
-				in.Gateways = append(in.Gateways, &o)
-			}
+			decodeTo(doc, at, func(o *gwv1.Gateway) *metav1.ObjectMeta { in.Gateways = append(in.Gateways, o); return &o.ObjectMeta })
 		case "TCPRoute":
-			var o gwv1.TCPRoute
-			if yaml.Unmarshal(doc, &o) == nil {
-				fix(&o.ObjectMeta)
-				in.TCPRoutes = append(in.TCPRoutes, &o)
-			}
+			decodeTo(doc, at, func(o *gwv1.TCPRoute) *metav1.ObjectMeta {
+				in.TCPRoutes = append(in.TCPRoutes, o)
+				return &o.ObjectMeta
+			})
 		case "UDPRoute":
-			var o gwv1.UDPRoute
-			if yaml.Unmarshal(doc, &o) == nil {
-				fix(&o.ObjectMeta)
-				in.UDPRoutes = append(in.UDPRoutes, &o)
-			}
+			decodeTo(doc, at, func(o *gwv1.UDPRoute) *metav1.ObjectMeta {
+				in.UDPRoutes = append(in.UDPRoutes, o)
+				return &o.ObjectMeta
+			})
 		case "HTTPRoute":
-			var o gwv1.HTTPRoute
-			if yaml.Unmarshal(doc, &o) == nil {
-				fix(&o.ObjectMeta)
-				in.HTTPRoutes = append(in.HTTPRoutes, &o)
-			}
+			decodeTo(doc, at, func(o *gwv1.HTTPRoute) *metav1.ObjectMeta {
+				in.HTTPRoutes = append(in.HTTPRoutes, o)
+				return &o.ObjectMeta
+			})
 		case "ReferenceGrant":
-			var o gwv1b1.ReferenceGrant
-			if yaml.Unmarshal(doc, &o) == nil {
-				fix(&o.ObjectMeta)
-				g := gwv1.ReferenceGrant(o)
-				in.Grants = append(in.Grants, &g)
-			}
+			decodeTo(doc, at, func(o *gwv1b1.ReferenceGrant) *metav1.ObjectMeta {
+				g := (*gwv1.ReferenceGrant)(o)
+				in.Grants = append(in.Grants, g)
+				return &g.ObjectMeta
+			})
 		case "Service":
-			var o corev1.Service
-			if yaml.Unmarshal(doc, &o) == nil {
-				fix(&o.ObjectMeta)
-				in.Services = append(in.Services, &o)
-			}
+			decodeTo(doc, at, func(o *corev1.Service) *metav1.ObjectMeta { in.Services = append(in.Services, o); return &o.ObjectMeta })
 		case "Secret":
-			var o corev1.Secret
-			if yaml.Unmarshal(doc, &o) == nil {
-				fix(&o.ObjectMeta)
-				in.Secrets = append(in.Secrets, &o)
-			}
+			decodeTo(doc, at, func(o *corev1.Secret) *metav1.ObjectMeta { in.Secrets = append(in.Secrets, o); return &o.ObjectMeta })
 		}
 	}
+}
+
+// decodeTo decodes doc into a new T and, if it decodes, hands it to add
+// and moves it to fuzzNS with the creation time at.
+func decodeTo[T any](doc []byte, at metav1.Time, add func(*T) *metav1.ObjectMeta) {
+	o := new(T)
+	if yaml.Unmarshal(doc, o) != nil {
+		return
+	}
+	m := add(o)
+	m.Namespace, m.CreationTimestamp = fuzzNS, at
 }
 
 // goodParts is what Translate gave the good tenant: its listener routes

@@ -70,13 +70,7 @@ func TestLocalhostNodePorts(t *testing.T) {
 	acct := &fakeAcct{}
 	_, rs := localhostSync(t, localhostState(), true, acct, 4)
 	split := map[string]float64{"198.19.1.2:8080": 10, "198.19.1.3:8080": 90}
-	for _, tc := range []struct {
-		name, src, dst   string
-		port             int
-		srcLocal, dstLoc bool
-		want             map[string]float64
-		masq             string
-	}{
+	traceCases(t, rs, []traceCase{
 		// Masqueraded: the pod answers the node, which un-DNATs to 127.0.0.1.
 		{"127.0.0.1 node port from the node", "127.0.0.1", "127.0.0.1", 30080, true, true, split, "all"},
 		{"127.0.0.53 node port from the node", "127.0.0.1", "127.0.0.53", 30080, true, true, split, "all"},
@@ -87,15 +81,7 @@ func TestLocalhostNodePorts(t *testing.T) {
 		{"127.0.0.1 node port from a LAN client: dropped, not DNATed", "198.19.254.2", "127.0.0.1", 30080, false, true, map[string]float64{"DROP": 100}, "none"},
 		{"127.0.0.1 other port from a LAN client: dropped", "198.19.254.2", "127.0.0.1", 22, false, true, map[string]float64{"DROP": 100}, "none"},
 		{"127.0.0.1 from a pod: dropped", "198.19.1.9", "127.0.0.1", 22, false, true, map[string]float64{"DROP": 100}, "none"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, masq := traceFrom(t, rs, tc.src, tc.dst, tc.port, tc.srcLocal, tc.dstLoc)
-			wantShares(t, tc.name, got, tc.want)
-			if masq != tc.masq {
-				t.Errorf("masquerade %s, want %s", masq, tc.masq)
-			}
-		})
-	}
+	})
 	if _, err := acct.Get(LocalhostCounter); err != nil {
 		t.Errorf("the nfacct object was not created before the restore: %v", err)
 	}

@@ -138,13 +138,7 @@ func TestNodePortExternalIPsAndLoadBalancer(t *testing.T) {
 	rs, views := paritySync(t, dataplane.State{Services: []dataplane.ServicePort{sp}})
 	split := map[string]float64{"198.19.1.2:8080": 10, "198.19.1.3:8080": 90}
 
-	for _, tc := range []struct {
-		name, src, dst   string
-		port             int
-		srcLocal, dstLoc bool
-		want             map[string]float64
-		masq             string
-	}{
+	traceCases(t, rs, []traceCase{
 		{"node port on the LAN address", "198.19.254.2", "198.19.254.1", 30080, false, true, split, "all"},
 		{"node port on the dummy address", "198.19.254.2", "198.19.0.1", 30080, false, true, split, "all"},
 		{"node port from the node itself", "198.19.254.1", "198.19.254.1", 30080, true, true, split, "all"},
@@ -154,15 +148,7 @@ func TestNodePortExternalIPsAndLoadBalancer(t *testing.T) {
 		{"load-balancer IP, source outside the ranges", "198.19.253.2", "198.18.2.10", 80, false, false, map[string]float64{"DROP": 100}, "none"},
 		{"clusterIP from a pod: not masqueraded", "198.19.1.9", "198.18.0.10", 80, false, false, split, "none"},
 		{"other port on the node: untouched", "198.19.254.2", "198.19.254.1", 30081, false, true, map[string]float64{"ACCEPT": 100}, "none"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, masq := traceFrom(t, rs, tc.src, tc.dst, tc.port, tc.srcLocal, tc.dstLoc)
-			wantShares(t, tc.name, got, tc.want)
-			if masq != tc.masq {
-				t.Errorf("masquerade %s, want %s", masq, tc.masq)
-			}
-		})
-	}
+	})
 
 	np := views["0.0.0.0:30080/TCP"]
 	if np.Entry != dataplane.EntryNodePort || np.Policy != dataplane.PolicyCluster || len(np.NodeAddresses) != 2 {
@@ -192,13 +178,7 @@ func TestExternalTrafficPolicyLocal(t *testing.T) {
 
 	localOnly := map[string]float64{"198.19.1.2:8080": 25, "198.19.1.4:8080": 75}
 	all := map[string]float64{"198.19.1.2:8080": 10, "198.19.1.3:8080": 60, "198.19.1.4:8080": 30}
-	for _, tc := range []struct {
-		name, src, dst   string
-		port             int
-		srcLocal, dstLoc bool
-		want             map[string]float64
-		masq             string
-	}{
+	traceCases(t, rs, []traceCase{
 		// The client's address is preserved: no masquerade.
 		{"node port from off the cluster", "198.19.254.2", "198.19.254.1", 30080, false, true, localOnly, "none"},
 		{"external IP from off the cluster", "198.19.254.2", "198.18.1.10", 80, false, false, localOnly, "none"},
@@ -209,15 +189,7 @@ func TestExternalTrafficPolicyLocal(t *testing.T) {
 		{"no local endpoint: node port dropped", "198.19.254.2", "198.19.254.1", 30081, false, true, map[string]float64{"DROP": 100}, "none"},
 		{"no local endpoint: external IP dropped", "198.19.254.2", "198.18.1.11", 80, false, false, map[string]float64{"DROP": 100}, "none"},
 		{"no local endpoint: pods still served", "198.19.1.9", "198.18.1.11", 80, false, false, map[string]float64{"198.19.1.5:8080": 100}, "none"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, masq := traceFrom(t, rs, tc.src, tc.dst, tc.port, tc.srcLocal, tc.dstLoc)
-			wantShares(t, tc.name, got, tc.want)
-			if masq != tc.masq {
-				t.Errorf("masquerade %s, want %s", masq, tc.masq)
-			}
-		})
-	}
+	})
 	if v := views["0.0.0.0:30080/TCP"]; v.Policy != dataplane.PolicyLocal || v.Drop {
 		t.Errorf("node port view %+v", v)
 	}
@@ -447,5 +419,30 @@ func TestVerifyCatchesBrokenParityRules(t *testing.T) {
 		if !strings.Contains(diff, want) {
 			t.Errorf("verify output lacks %q:\n%s", want, diff)
 		}
+	}
+}
+
+// traceCase is one packet traced through a ruleset: from src (srcLocal:
+// an address of the node) to dst:port (dstLoc: the node's), with the
+// shares it must reach and the masquerade it must get ("all", "none").
+type traceCase struct {
+	name, src, dst   string
+	port             int
+	srcLocal, dstLoc bool
+	want             map[string]float64
+	masq             string
+}
+
+// traceCases runs each case as a subtest against rs.
+func traceCases(t *testing.T, rs *Ruleset, cases []traceCase) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, masq := traceFrom(t, rs, tc.src, tc.dst, tc.port, tc.srcLocal, tc.dstLoc)
+			wantShares(t, tc.name, got, tc.want)
+			if masq != tc.masq {
+				t.Errorf("masquerade %s, want %s", masq, tc.masq)
+			}
+		})
 	}
 }
