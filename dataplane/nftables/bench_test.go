@@ -4,10 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"os"
 	"syscall"
 	"testing"
-	"time"
 
 	"sigs.k8s.io/knftables"
 
@@ -106,45 +104,6 @@ func BenchmarkRenderPartial(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.ReportMetric(float64(d.ops), "ops")
-	}
-}
-
-// TestKernelTiming times the first sync and a one-endpoint change at 10,000
-// Services x 10 endpoints with the real nft. It only runs with
-// STEELYARD_NFT_REAL=1, in a throwaway network namespace:
-//
-//	go test -c -o /tmp/nftables.test ./dataplane/nftables/
-//	STEELYARD_NFT_REAL=1 unshare -n /tmp/nftables.test -test.run KernelTiming -test.v
-func TestKernelTiming(t *testing.T) {
-	if os.Getenv("STEELYARD_NFT_REAL") != "1" || testing.Short() {
-		t.Skip("STEELYARD_NFT_REAL=1 runs it against the real nft")
-	}
-	p, _ := newTest(t, 4)
-	s := bigState(10000)
-	start := time.Now()
-	if _, err := p.Sync(s, dataplane.FullSync); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("first sync, 10,000 Services x 10 endpoints: %s", time.Since(start).Round(time.Millisecond))
-	s.Services[5000].Backends[3].Weight = 42
-	start = time.Now()
-	if _, err := p.Sync(s, dataplane.PartialSync); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("one-endpoint change (partial sync): %s", time.Since(start).Round(time.Millisecond))
-	start = time.Now()
-	if _, err := p.Sync(s, dataplane.FullSync); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("full resync of the same state: %s", time.Since(start).Round(time.Millisecond))
-	start = time.Now()
-	views, err := p.Explain()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("explain: %d views in %s", len(views), time.Since(start).Round(time.Millisecond))
-	if diff := dataplane.Diff(dataplane.Expected(s), views); len(diff) > 0 {
-		t.Errorf("%d differences, first %s", len(diff), diff[0])
 	}
 }
 
