@@ -279,11 +279,11 @@ func TestLocalhostNodePortsReadOnlySysctl(t *testing.T) {
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(p, []byte("0\n"), 0o444); err != nil {
+	// Read-only for root too: a 0444 sysctl (the kernel's own permission
+	// check, which CAP_DAC_OVERRIDE does not pass), reached by a link, as a
+	// read-only /proc/sys would be. Nothing is written: the open fails.
+	if err := os.Symlink("/proc/sys/kernel/osrelease", p); err != nil {
 		t.Fatal(err)
-	}
-	if os.Geteuid() == 0 {
-		t.Skip("root opens a 0444 file for writing")
 	}
 	dp := &dataplaneFlags{mode: "iptables", localhostNodePorts: true, sysctlDir: dir}
 	if err := checkLocalhostNodePorts(dp, false); err != nil || dp.localhostNodePorts {
@@ -292,6 +292,9 @@ func TestLocalhostNodePortsReadOnlySysctl(t *testing.T) {
 	dp.localhostNodePorts = true
 	if err := checkLocalhostNodePorts(dp, true); err == nil {
 		t.Error("explicit --localhost-nodeports with a read-only sysctl: no error")
+	}
+	if err := os.Remove(p); err != nil {
+		t.Fatal(err)
 	}
 	if err := os.WriteFile(p, []byte("1\n"), 0o644); err != nil {
 		t.Fatal(err)
