@@ -299,3 +299,46 @@ func waitFor(t *testing.T, timeout time.Duration, what string, f func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestWatchStoreStripsUnread checks that stored objects lose managedFields
+// and kubectl's last-applied copy, on every way in (watch events, the
+// streaming list's transform and a relist), and keep what the agent reads.
+func TestWatchStoreStripsUnread(t *testing.T) {
+	mk := func(name string) *corev1.Service {
+		return &corev1.Service{ObjectMeta: metav1.ObjectMeta{
+			Namespace: "ns", Name: name, ResourceVersion: "1",
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply}},
+			Annotations: map[string]string{
+				corev1.LastAppliedConfigAnnotation: `{"a":"whole copy"}`,
+				"steelyard.io/weights":             "a=1",
+			},
+		}}
+	}
+	s := newWatchStore()
+	if err := s.Add(mk("added")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Replace([]any{mk("added"), mk("relisted")}, "2"); err != nil {
+		t.Fatal(err)
+	}
+	streamed, _ := s.Transformer()(mk("streamed"))
+	if err := s.Add(streamed); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"added", "relisted", "streamed"} {
+		o, ok, err := s.GetByKey("ns/" + name)
+		if err != nil || !ok {
+			t.Fatalf("%s: not stored (%v)", name, err)
+		}
+		svc := o.(*corev1.Service)
+		if len(svc.ManagedFields) != 0 {
+			t.Errorf("%s: managedFields kept: %v", name, svc.ManagedFields)
+		}
+		if _, ok := svc.Annotations[corev1.LastAppliedConfigAnnotation]; ok {
+			t.Errorf("%s: last-applied annotation kept", name)
+		}
+		if svc.Annotations["steelyard.io/weights"] != "a=1" {
+			t.Errorf("%s: the weights annotation was lost: %v", name, svc.Annotations)
+		}
+	}
+}
