@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -179,6 +180,7 @@ var (
 	reNLDNAT     = regexp.MustCompile(`^meta l4proto (tcp|udp|sctp) dnat to (\S+)$`)
 	reVIPMasq    = regexp.MustCompile(`^(ip6?) daddr (\S+) (tcp|udp|sctp) dport (\d+)( (ip6?) saddr != @(\S+))? jump (\S+)$`)
 	reNumgenVmap = regexp.MustCompile(`^numgen random mod (\d+) \. meta l4proto vmap @(\S+)$`)
+	reNumgenDNAT = regexp.MustCompile(`^meta l4proto (tcp|udp|sctp) dnat (ip6?) to numgen random mod (\d+) \. meta l4proto map @(\S+)$`)
 	reVerdict    = regexp.MustCompile(`^(jump|goto) (\S+)$`)
 )
 
@@ -286,6 +288,29 @@ func (w *netlinkWriter) rule(text string) ([]expr.Any, error) {
 			&expr.Lookup{SourceRegister: 1, SetName: m[2], IsDestRegSet: true, DestRegister: 0},
 		}, nil
 	}
+	if m := reNumgenDNAT.FindStringSubmatch(text); m != nil && m[2] == ip {
+		mod, err := strconv.ParseUint(m[3], 10, 32)
+		if err != nil {
+			return nil, errUnsupported{"modulus " + m[3]}
+		}
+		// The key as for the verdict map; the map's value (address .
+		// port) lands in register 1 and after it: the port in
+		// NFT_REG32_01 (9) after an IPv4 address, in the second 128-bit
+		// register (2) after an IPv6 one, as nft --debug=netlink shows.
+		nat := &expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegAddrMax: 1, RegProtoMin: 9, RegProtoMax: 9, Specified: true}
+		if w.family == 6 {
+			nat.Family, nat.RegProtoMin, nat.RegProtoMax = unix.NFPROTO_IPV6, 2, 2
+		}
+		return []expr.Any{
+			l4proto(1), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{protoNumbers[m[1]]}},
+			&expr.Numgen{Register: 1, Modulus: uint32(mod), Type: unix.NFT_NG_RANDOM},
+			&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Size: 4, Len: 4},
+			l4proto(9),
+			&expr.Byteorder{SourceRegister: 9, DestRegister: 9, Op: expr.ByteorderHton, Size: 2, Len: 1},
+			&expr.Lookup{SourceRegister: 1, SetName: m[4], IsDestRegSet: true, DestRegister: 1},
+			nat,
+		}, nil
+	}
 	if m := reVerdict.FindStringSubmatch(text); m != nil {
 		return []expr.Any{verdict(m[1], m[2])}, nil
 	}
@@ -307,8 +332,9 @@ func (w *netlinkWriter) element(c *gnft.Conn, verb byte, e *knftables.Element) e
 		name = e.Set
 	}
 	var el gnft.SetElement
+	dnat := strings.HasPrefix(name, dnatPrefix+"c-") || strings.HasPrefix(name, dnatPrefix+"l-")
 	switch {
-	case strings.HasPrefix(name, wPrefix+"c-") || strings.HasPrefix(name, wPrefix+"l-"):
+	case dnat || strings.HasPrefix(name, wPrefix+"c-") || strings.HasPrefix(name, wPrefix+"l-"):
 		// "lo-hi . proto": numgen's value big endian, as nft stores it.
 		if len(e.Key) != 2 {
 			return errUnsupported{"weight map key"}
@@ -346,11 +372,37 @@ func (w *netlinkWriter) element(c *gnft.Conn, verb byte, e *knftables.Element) e
 			return errUnsupported{"node port map key " + strings.Join(e.Key, " . ")}
 		}
 		el.Key = append(pad4([]byte{p}), pad4(binary.BigEndian.AppendUint16(nil, uint16(port)))...)
+	case name == setHairpin:
+		// "address . proto . port . address", each field in its register.
+		if len(e.Key) != 4 || e.Key[0] != e.Key[3] {
+			return errUnsupported{"hairpin key"}
+		}
+		a, err := w.addr(e.Key[0])
+		p, ok := protoNumbers[e.Key[1]]
+		port, err2 := strconv.ParseUint(e.Key[2], 10, 16)
+		if err != nil || !ok || err2 != nil {
+			return errUnsupported{"hairpin key " + strings.Join(e.Key, " . ")}
+		}
+		el.Key = append(append(append(slices.Clone(a), pad4([]byte{p})...), pad4(binary.BigEndian.AppendUint16(nil, uint16(port)))...), a...)
 	default:
 		return errUnsupported{"elements of " + name}
 	}
 	isMap := e.Map != ""
-	if isMap {
+	if isMap && dnat {
+		// "address . port": the address, then the port in its register.
+		if verb == 'a' {
+			f := strings.Split(strings.Join(e.Value, " . "), " . ")
+			if len(f) != 2 {
+				return errUnsupported{"DNAT map value " + strings.Join(e.Value, " . ")}
+			}
+			a, err := w.addr(strings.TrimSpace(f[0]))
+			port, err2 := strconv.ParseUint(strings.TrimSpace(f[1]), 10, 16)
+			if err != nil || err2 != nil {
+				return errUnsupported{"DNAT map value " + strings.Join(e.Value, " . ")}
+			}
+			el.Val = append(a, pad4(binary.BigEndian.AppendUint16(nil, uint16(port)))...)
+		}
+	} else if isMap {
 		v := strings.Join(e.Value, " ")
 		switch {
 		case v == "drop":
@@ -372,7 +424,7 @@ func (w *netlinkWriter) element(c *gnft.Conn, verb byte, e *knftables.Element) e
 		return c.SetAddElements(s, []gnft.SetElement{el})
 	}
 	if verb == 'd' {
-		el.VerdictData, el.Comment = nil, ""
+		el.VerdictData, el.Val, el.Comment = nil, nil, ""
 		return c.SetDeleteElements(s, []gnft.SetElement{el})
 	}
 	return errUnsupported{"element flush"}
@@ -381,24 +433,34 @@ func (w *netlinkWriter) element(c *gnft.Conn, verb byte, e *knftables.Element) e
 // protoNames are the names nft prints for protoNumbers.
 var protoNames = map[byte]string{unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp", unix.IPPROTO_SCTP: "sctp"}
 
-// elements reads a shared map's elements over netlink, spelled as nft
-// lists them. "nft -j list map" of service-ips cost minutes at 30,000
-// Services (nft fills its whole cache first); this is one dump of the map.
-func (w *netlinkWriter) elements(name string) ([]elem, error) {
+// dump reads one set's elements over netlink (nil when the set is not
+// there) and gives the family's address length.
+func (w *netlinkWriter) dump(name string) ([]gnft.SetElement, int, error) {
 	c, err := gnft.New()
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	es, err := c.GetSetElements(&gnft.Set{Table: w.table, Name: name})
 	if err != nil {
 		if isNotFound(err) {
-			return nil, nil
+			return nil, 0, nil
 		}
-		return nil, err
+		return nil, 0, err
 	}
 	alen := 4
 	if w.family == 6 {
 		alen = 16
+	}
+	return es, alen, nil
+}
+
+// elements reads a shared map's elements over netlink, spelled as nft
+// lists them. "nft -j list map" of service-ips cost minutes at 30,000
+// Services (nft fills its whole cache first); this is one dump of the map.
+func (w *netlinkWriter) elements(name string) ([]elem, error) {
+	es, alen, err := w.dump(name)
+	if err != nil || es == nil {
+		return nil, err
 	}
 	out := make([]elem, 0, len(es))
 	for _, e := range es {
@@ -425,6 +487,27 @@ func (w *netlinkWriter) elements(name string) ([]elem, error) {
 			return nil, fmt.Errorf("map %s: %w", name, err)
 		}
 		out = append(out, x)
+	}
+	return out, nil
+}
+
+// hairpinElements reads the hairpin set's elements over netlink.
+func (w *netlinkWriter) hairpinElements() ([]hairpinKey, error) {
+	es, alen, err := w.dump(setHairpin)
+	if err != nil || es == nil {
+		return nil, err
+	}
+	out := make([]hairpinKey, 0, len(es))
+	for _, e := range es {
+		k := e.Key
+		if len(k) != 2*alen+8 {
+			return nil, fmt.Errorf("set %s: key of %d bytes", setHairpin, len(k))
+		}
+		a, _ := netip.AddrFromSlice(k[:alen])
+		if _, ok := protoNames[k[alen]]; !ok {
+			return nil, fmt.Errorf("set %s: protocol %d", setHairpin, k[alen])
+		}
+		out = append(out, newHairpinKey(a, k[alen], binary.BigEndian.Uint16(k[alen+4:])))
 	}
 	return out, nil
 }

@@ -115,3 +115,24 @@ func canonicalDebug(text string) string {
 	slices.Sort(records)
 	return strings.Join(records, "\n") + "\n" + canonical(listing)
 }
+
+func TestCoalesceElements(t *testing.T) {
+	in := "add element ip steelyard dc-a { 0-9 . tcp : 198.19.1.2 . 8080 }\n" +
+		"add element ip steelyard dc-a { 10-99 . tcp : 198.19.1.3 . 8080 }\n" +
+		"add element ip steelyard hairpin { 198.19.1.2 . tcp . 8080 . 198.19.1.2 }\n" +
+		"flush map ip steelyard dc-b\n" +
+		"add element ip steelyard dc-b { 0-99 . tcp : 198.19.1.4 . 8080 }\n" +
+		"add element ip steelyard service-ips { 198.18.0.10 . tcp . 80 comment \"default/a:http\" : goto svc-x }\n" +
+		"add element ip steelyard service-ips { 198.18.0.11 . tcp . 80 comment \"default/b:http\" : goto svc-y }\n" +
+		"add element ip steelyard dc-b { 100-199 . tcp : 198.19.1.5 . 8080 }\n"
+	want := "add element ip steelyard dc-a { 0-9 . tcp : 198.19.1.2 . 8080, 10-99 . tcp : 198.19.1.3 . 8080 }\n" +
+		"add element ip steelyard hairpin { 198.19.1.2 . tcp . 8080 . 198.19.1.2 }\n" +
+		"flush map ip steelyard dc-b\n" +
+		"add element ip steelyard dc-b { 0-99 . tcp : 198.19.1.4 . 8080 }\n" +
+		"add element ip steelyard service-ips { 198.18.0.10 . tcp . 80 comment \"default/a:http\" : goto svc-x }\n" +
+		"add element ip steelyard service-ips { 198.18.0.11 . tcp . 80 comment \"default/b:http\" : goto svc-y }\n" +
+		"add element ip steelyard dc-b { 100-199 . tcp : 198.19.1.5 . 8080 }\n"
+	if got := coalesceElements(in); got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+}

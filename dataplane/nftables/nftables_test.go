@@ -215,8 +215,8 @@ func TestFullSyncRemovesStaleChains(t *testing.T) {
 			n++
 		}
 	}
-	if n != 2 {
-		t.Errorf("%d Service/endpoint chains, want 2: %v", n, chains)
+	if n != 1 {
+		t.Errorf("%d Service/endpoint chains, want 1 (no endpoint chains without affinity): %v", n, chains)
 	}
 	if got := sharesOf(t, p2); len(got) != 1 {
 		t.Errorf("views %v", got)

@@ -17,11 +17,14 @@ const (
 	svlPrefix = "svl-" // split over this node's endpoints (Local policies)
 	extPrefix = "ext-" // external entry points: masquerade, then svc or svl
 	fwPrefix  = "fw-"  // loadBalancerSourceRanges check before ext
-	epPrefix  = "ep-"  // one endpoint: hairpin mark, affinity, DNAT
-	// Weight maps: "wc-"/"wl-" + the hash of the svc/svl chain. Sets of
+	epPrefix  = "ep-"  // one endpoint of a ClientIP affinity port: hairpin mark, affinity, DNAT
+	// Weight maps: "dc-"/"dl-" + the hash of the svc/svl chain, DNAT maps
+	// (numgen range -> endpoint address . port); "wc-"/"wl-" for ports with
+	// ClientIP affinity, verdict maps to their endpoint chains. Sets of
 	// affinity: "af-" + the hash of the endpoint chain.
-	wPrefix   = "w"
-	affPrefix = "af-"
+	wPrefix    = "w"
+	dnatPrefix = "d"
+	affPrefix  = "af-"
 )
 
 // Comment suffixes of the shared elements naming the external entry points.
@@ -43,10 +46,14 @@ type elem struct {
 
 func (e elem) id() string { return e.m + " " + strings.Join(e.key, " . ") }
 
-// weightMap is a Service port's verdict map from numgen ranges to endpoint
-// chains.
+// weightMap is a Service port's map from numgen ranges to endpoints: a
+// DNAT map (values "198.19.1.2 . 8080") or, with ClientIP affinity, a
+// verdict map to endpoint chains ("goto ep-...").
 type weightMap struct {
-	elems [][2]string // "lo-hi", "goto ep-..."
+	// data is the type of the values: "verdict", or "ip daddr . tcp dport"
+	// (ip6 for IPv6, the port's protocol).
+	data  string
+	elems [][2]string // "lo-hi", "198.19.1.2 . 8080" or "goto ep-..."
 }
 
 // portObjects is everything one Service port owns in the table, rendered.
@@ -64,6 +71,9 @@ type portObjects struct {
 	sets map[string]int
 	// elems are the elements of the shared maps (service-ips, ...).
 	elems []elem
+	// hairpin are the elements this port needs in the shared hairpin set
+	// (hairpin.go): its endpoints, unless it has endpoint chains.
+	hairpin []hairpinKey
 }
 
 func (o *portObjects) addChain(name string, rules ...string) {
@@ -207,8 +217,6 @@ func (p *Proxier) renderPort(sp *dataplane.ServicePort) *portObjects {
 		}
 	}
 
-	// Endpoint chains first: the split rules and maps refer to them.
-	eps := map[netip.AddrPort]string{}
 	var used []dataplane.Backend
 	if usesSVC {
 		used = append(used, cluster...)
@@ -216,27 +224,32 @@ func (p *Proxier) renderPort(sp *dataplane.ServicePort) *portObjects {
 	if usesSVL {
 		used = append(used, local...)
 	}
-	var epOrder []string
+	// Hairpin: a pod reaching itself through the VIP must see the node as
+	// the source, or its reply would never be un-DNATed. Without affinity
+	// the shared hairpin set says it; with affinity each endpoint chain
+	// marks it, as before.
+	affinity := sp.AffinitySeconds > 0
+	eps := map[netip.AddrPort]string{}
 	for _, b := range used {
 		if _, ok := eps[b.Addr()]; ok {
 			continue
 		}
 		addr := b.Addr().String()
+		if !affinity {
+			eps[b.Addr()] = ""
+			o.hairpin = append(o.hairpin, newHairpinKey(b.IP, protoNumbers[proto], b.Port))
+			continue
+		}
+		// Endpoint chains first: the split rules and maps refer to them.
 		ep := chainName(epPrefix, id+"|"+addr, sp.Name.Namespace+"/"+sp.Name.Name+"/"+sp.Name.Port+"__"+addr)
 		eps[b.Addr()] = ep
-		epOrder = append(epOrder, ep)
-		// Hairpin: a pod reaching itself through the VIP must see the node
-		// as the source, or its reply would never be un-DNATed.
-		rules := []string{p.f.ip + " saddr " + b.IP.String() + " jump " + chainMarkMasq}
-		if sp.AffinitySeconds > 0 {
-			aff := affinitySet(ep)
-			o.sets[aff] = sp.AffinitySeconds
-			rules = append(rules, "update @"+aff+" { "+p.f.ip+" saddr }")
-		}
-		rules = append(rules, "meta l4proto "+proto+" dnat to "+addr)
-		o.addChain(ep, rules...)
+		aff := affinitySet(ep)
+		o.sets[aff] = sp.AffinitySeconds
+		o.addChain(ep,
+			p.f.ip+" saddr "+b.IP.String()+" jump "+chainMarkMasq,
+			"update @"+aff+" { "+p.f.ip+" saddr }",
+			"meta l4proto "+proto+" dnat to "+addr)
 	}
-	_ = epOrder
 
 	split := func(chain string, bs []dataplane.Backend, masq bool) {
 		var rules []string
@@ -251,7 +264,7 @@ func (p *Proxier) renderPort(sp *dataplane.ServicePort) *portObjects {
 				rules = append(rules, vip+" "+p.f.ip+" saddr != @"+setClusterCIDRs+" jump "+chainMarkMasq)
 			}
 		}
-		if sp.AffinitySeconds > 0 {
+		if affinity {
 			for _, b := range bs {
 				ep := eps[b.Addr()]
 				rules = append(rules, p.f.ip+" saddr @"+affinitySet(ep)+" goto "+ep)
@@ -265,23 +278,44 @@ func (p *Proxier) renderPort(sp *dataplane.ServicePort) *portObjects {
 			weights = append(weights, sp.RejectWeight) // the last range
 		}
 		mod, ranges := Ranges(weights)
-		wm := &weightMap{}
+		wm := &weightMap{data: "verdict"}
+		mname := weightMapName(chain)
+		if !affinity {
+			wm.data = p.f.ip + " daddr . " + proto + " dport"
+			mname = dnatMapName(chain)
+		}
 		for i, r := range ranges {
 			if r[1] < r[0] {
 				continue // too small a weight for one bucket
 			}
-			verdict := "return"
-			if i < len(bs) {
-				verdict = "goto " + eps[bs[i].Addr()]
+			var value string
+			switch {
+			case i == len(bs) && !affinity:
+				// The reject share is the range without an element: the
+				// lookup misses, the DNAT rule does not match and the
+				// chain ends; the filter map refuses what nothing DNATed.
+				continue
+			case i == len(bs):
+				value = "return"
+			case !affinity:
+				value = bs[i].IP.String() + " . " + strconv.Itoa(int(bs[i].Port))
+			default:
+				value = "goto " + eps[bs[i].Addr()]
 			}
-			wm.elems = append(wm.elems, [2]string{fmt.Sprintf("%d-%d", r[0], r[1]), verdict})
+			wm.elems = append(wm.elems, [2]string{fmt.Sprintf("%d-%d", r[0], r[1]), value})
 		}
-		mname := weightMapName(chain)
 		o.maps[mname] = wm
 		// "numgen . meta l4proto": the concatenation keeps nft 1.0.6 from
 		// reading every interval map of the table before each element
 		// change (see the package comment).
-		rules = append(rules, fmt.Sprintf("numgen random mod %d . meta l4proto vmap @%s", mod, mname))
+		if affinity {
+			rules = append(rules, fmt.Sprintf("numgen random mod %d . meta l4proto vmap @%s", mod, mname))
+		} else {
+			// One rule DNATs through the map: no chain per endpoint (at
+			// 10,000 Services x 10 endpoints 10,005 chains instead of
+			// 110,012; see docs/dataplanes.md).
+			rules = append(rules, fmt.Sprintf("meta l4proto %s dnat %s to numgen random mod %d . meta l4proto map @%s", proto, p.f.ip, mod, mname))
+		}
 		o.addChain(chain, rules...)
 	}
 	if usesSVC {
@@ -316,6 +350,14 @@ func weightMapName(chain string) string {
 	}
 	h, _, _ := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(chain, svcPrefix), svlPrefix), "-")
 	return wPrefix + kind + "-" + h
+}
+
+// dnatMapName is the DNAT map of a split chain without affinity: "dc-HASH"
+// for svc-, "dl-HASH" for svl-. Other names than the verdict maps' so that
+// a table of an older steelyard (verdict maps wc- for every port) is
+// upgraded in place: a map cannot change its type under the same name.
+func dnatMapName(chain string) string {
+	return dnatPrefix + strings.TrimPrefix(weightMapName(chain), wPrefix)
 }
 
 // affinitySet is the set of clients recently sent to endpoint chain ep.

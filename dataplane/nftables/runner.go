@@ -42,6 +42,7 @@ func (r *childRunner) Run(ctx context.Context, tx *knftables.Transaction) error 
 	if i := strings.LastIndex(text, "# ERROR: "); i >= 0 && !strings.Contains(text[i:], "\n") {
 		return fmt.Errorf("nftables: %s", text[i+len("# ERROR: "):])
 	}
+	text = coalesceElements(text)
 	fd, err := unix.MemfdCreate("steelyard-nft", unix.MFD_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("nftables: memfd: %w", err)
@@ -62,4 +63,43 @@ func (r *childRunner) Run(ctx context.Context, tx *knftables.Transaction) error 
 		return fmt.Errorf("nft: %w", err)
 	}
 	return nil
+}
+
+// coalesceElements joins consecutive "add element" lines of one set into
+// one command. knftables writes a line per element, and the kernel finds
+// the set of each element message by name in a list of the table's sets:
+// with 10,000 weight maps a first sync paid that walk for each of its
+// 200,000 elements. Measured with nft 1.0.6 at 10,000 Services x 10
+// endpoints (dnat-map layout): 24.8 CPU-s with an element per command,
+// 10.8 with one command per set. Only plain elements are joined (no
+// comment, no braces): the lines of service-ips keep their comments.
+func coalesceElements(text string) string {
+	lines := strings.Split(text, "\n")
+	out := make([]string, 0, len(lines))
+	prefix := "" // "add element FAMILY TABLE SET { " of the group being built
+	var group []string
+	flush := func() {
+		if len(group) > 0 {
+			out = append(out, prefix+strings.Join(group, ", ")+" }")
+		}
+		prefix, group = "", nil
+	}
+	for _, l := range lines {
+		head, body, ok := strings.Cut(l, " { ")
+		if ok && strings.HasPrefix(head, "add element ") && strings.HasSuffix(body, " }") {
+			body = strings.TrimSuffix(body, " }")
+			if !strings.ContainsAny(body, "{}\"") {
+				if head+" { " != prefix {
+					flush()
+					prefix = head + " { "
+				}
+				group = append(group, body)
+				continue
+			}
+		}
+		flush()
+		out = append(out, l)
+	}
+	flush()
+	return strings.Join(out, "\n")
 }

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -435,16 +436,37 @@ var sharedChains = map[string]bool{
 	"STEELYARD-POSTROUTING": true, "STEELYARD-FORWARD": true,
 }
 
+// weightMapRef is a rule's reference to a Service port's weight map
+// (nftables mode: dc-/dl- DNAT maps, wc-/wl- verdict maps).
+var weightMapRef = regexp.MustCompile(`@((?:dc|dl|wc|wl)-[a-z0-9]+)`)
+
 // serviceChains returns the steelyard chains of a ruleset (see ruleset)
 // that belong to Service ns/name alone: in iptables those holding or jumped
 // to by a rule whose comment names it; in nftables the chains whose
-// readable name suffix names it.
+// readable name suffix names it and the weight maps they read.
 func serviceChains(save, nsName string) []string {
 	found := map[string]bool{}
 	if agentMode == "nftables" {
+		// The port's chains, and the weight maps their rules read (a port
+		// without affinity has no endpoint chains: its split DNATs
+		// through its map).
+		in := false
 		for _, l := range strings.Split(save, "\n") {
-			if f := strings.Fields(l); len(f) >= 2 && f[0] == "chain" && strings.Contains(f[1], "-"+nsName+"/") {
-				found[strings.Trim(f[1], `"`)] = true
+			f := strings.Fields(l)
+			if len(f) >= 2 && f[0] == "chain" {
+				in = strings.Contains(f[1], "-"+nsName+"/")
+				if in {
+					found[strings.Trim(f[1], `"`)] = true
+				}
+				continue
+			}
+			if strings.TrimSpace(l) == "}" {
+				in = false
+			}
+			if in {
+				for _, m := range weightMapRef.FindAllStringSubmatch(l, -1) {
+					found[m[1]] = true
+				}
 			}
 		}
 	}
