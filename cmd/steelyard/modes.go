@@ -27,6 +27,12 @@ type dataplaneMode struct {
 	open func(f *dataplaneFlags, env modeEnv) (*dataplane.DualStack, error)
 	// cleanup removes everything the mode created, in every flavour.
 	cleanup func(f *dataplaneFlags) error
+	// rules is the kernel API the mode's rules live in (rulesIPTables,
+	// rulesNFTables): a running mode removes the other API's leftovers.
+	rules string
+	// present, when set, tells cheaply whether the mode left anything on
+	// this node; nil: cleanup finds out itself.
+	present func(f *dataplaneFlags) bool
 }
 
 // modeEnv is what every mode's dataplane is constructed with besides the
@@ -40,9 +46,9 @@ type modeEnv struct {
 
 // modes is the one table of dataplane modes.
 var modes = []dataplaneMode{
-	{name: "iptables", open: openIPTablesMode, cleanup: cleanupIPTablesMode},
-	{name: "ipvs", open: openIPVSMode, cleanup: cleanupIPVSMode},
-	{name: "nftables", open: openNFTablesMode, cleanup: cleanupNFTablesMode},
+	{name: "iptables", open: openIPTablesMode, cleanup: cleanupIPTablesMode, rules: rulesIPTables, present: iptablesPresent},
+	{name: "ipvs", open: openIPVSMode, cleanup: cleanupIPVSMode, rules: rulesIPTables, present: ipvsPresent},
+	{name: "nftables", open: openNFTablesMode, cleanup: cleanupNFTablesMode, rules: rulesNFTables, present: nftablesPresent},
 }
 
 func modeNames() string {

@@ -140,7 +140,12 @@ func newRunCommand() *cobra.Command {
 			if err := serveKubeProxyCompat(ctx, kubeProxyAddr, dp.mode, localhost); err != nil {
 				return err
 			}
-			r := runner.New(agent.Sync, minSyncPeriod, syncPeriod, 0, nil)
+			mode, err := lookupMode(dp.mode)
+			if err != nil {
+				return err
+			}
+			leftovers := newLeftoverCleaner(&dp, mode, modes)
+			r := runner.New(leftovers.afterSync(agent.Sync), minSyncPeriod, syncPeriod, 0, nil)
 			r.SetBurst(syncBurst)
 			agent.Requeue = r.Trigger // a dataplane's RequeueAfter (IPVS draining)
 			node.sysctlDir = dp.sysctlDir

@@ -50,3 +50,16 @@ func netlinkTableExists(family int) func() (bool, error) {
 		return true, nil
 	}
 }
+
+// TablesPresent reports whether steelyard's table of either family is in
+// this network namespace (two small netlink messages; false where nftables
+// netlink is unusable). Other modes use it to find this mode's leftovers
+// without needing the nft binary.
+func TablesPresent() bool {
+	for _, family := range []int{4, 6} {
+		if ok, err := netlinkTableExists(family)(); err == nil && ok {
+			return true
+		}
+	}
+	return false
+}
