@@ -11,24 +11,6 @@ import (
 	"github.com/steelyard-net/steelyard/test/sandbox"
 )
 
-// confine is the shell run (in a mount namespace of its own, inside the
-// node's network namespace) before the agent, emulating an unprivileged
-// container: the root filesystem read-only, /run a writable tmpfs (what a
-// pod mounts for the xtables lock), /proc/sys read-only (runc's default
-// for a container that is not privileged), and the agent running as root
-// with only the capabilities in $CAPS (bounding set; as root the exec then
-// gets exactly those as permitted and effective, as in a container).
-// /run/host/proc/sys/net is a writable bind of /proc/sys/net, as the
-// DaemonSet's hostPath volume (used with --sysctl-dir /run/host/proc/sys).
-const confine = `set -e
-mount -o remount,bind,ro /
-mount -t tmpfs -o size=1m,mode=0755 tmpfs /run
-mkdir -p /run/host/proc/sys/net
-mount --bind /proc/sys/net /run/host/proc/sys/net
-mount --bind /proc/sys /proc/sys
-mount -o remount,bind,ro /proc/sys
-exec setpriv --inh-caps=-all --bounding-set="$CAPS" "$@"`
-
 // capMode is one dataplane under test.
 type capMode struct {
 	name string
@@ -54,7 +36,7 @@ func capRun(t *testing.T, f *fixture, m capMode, caps []string, timeout time.Dur
 	for _, c := range caps {
 		set += ",+" + c
 	}
-	args := append([]string{"-m", "--propagation", "private", "env", "CAPS=" + set, "/bin/sh", "-c", confine, "sh",
+	args := append([]string{"-m", "--propagation", "private", "env", "CAPS=" + set, "/bin/sh", "-c", sandbox.Confine, "sh",
 		steelyardBin, "run", "--manifests", f.dir, "--cluster-cidr", sandbox.ClusterCIDR.String(), "--sync-period", "2s"}, append(m.args, extra...)...)
 	a, err := f.sb.StartAgent("/usr/bin/unshare", args...)
 	if err != nil {

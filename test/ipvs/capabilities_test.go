@@ -12,21 +12,6 @@ import (
 	"github.com/steelyard-net/steelyard/test/sandbox"
 )
 
-// confine runs the agent as the DaemonSet's container would (the same
-// emulation as test/e2e's TestCapabilities, in this VM's kernel): in a
-// mount namespace of its own, the root read-only, /run a tmpfs, /proc/sys
-// read-only (runc's default for a container that is not privileged) with
-// /run/host/proc/sys/net a writable bind of /proc/sys/net (the DaemonSet's
-// hostPath), and only the capabilities in $CAPS.
-const confine = `set -e
-mount -o remount,bind,ro /
-mount -t tmpfs -o size=1m,mode=0755 tmpfs /run
-mkdir -p /run/host/proc/sys/net
-mount --bind /proc/sys/net /run/host/proc/sys/net
-mount --bind /proc/sys /proc/sys
-mount -o remount,bind,ro /proc/sys
-exec /usr/bin/setpriv --inh-caps=-all --bounding-set="$CAPS" "$@"`
-
 // TestIPVSCapabilities: the IPVS dataplane works with the DaemonSet's set
 // (NET_ADMIN, NET_RAW: this VM's iptables is legacy) and --sysctl-dir on
 // the /proc/sys/net mount, and fails without each of the three. The ip_vs
@@ -86,7 +71,7 @@ func TestIPVSCapabilities(t *testing.T) {
 		for _, c := range caps {
 			set += ",+" + c
 		}
-		args := append([]string{"-m", "--propagation", "private", "env", "CAPS=" + set, "/bin/sh", "-c", confine, "sh",
+		args := append([]string{"-m", "--propagation", "private", "env", "CAPS=" + set, "/bin/sh", "-c", sandbox.Confine, "sh",
 			steelyardBin, "run", "--manifests", dir, "--mode", "ipvs", "--cluster-cidr", sandbox.ClusterCIDR.String(),
 			"--sync-period", "2s", "--metrics-bind-address", "", "--healthz-bind-address", ""}, extra...)
 		a, err := sb.StartAgent(unshare, args...)
