@@ -16,6 +16,7 @@ command -v ipset >/dev/null 2>&1 || [ -x /usr/sbin/ipset ] || need+=(ipset)
 [ -x /usr/sbin/xtables-legacy-multi ] || need+=(iptables)
 command -v depmod >/dev/null 2>&1 || [ -x /usr/sbin/depmod ] || need+=(kmod)
 command -v cpio >/dev/null 2>&1 || need+=(cpio)
+[ -x /usr/sbin/nft ] || need+=(nftables)
 command -v file >/dev/null 2>&1 || need+=(file)
 
 # The apt logic (root check, apt-get update/install) is scripts/install-deps.sh's.

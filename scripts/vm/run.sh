@@ -7,8 +7,8 @@
 #   scripts/vm/run.sh [--timeout SECONDS] [--add HOST_PATH:GUEST_PATH]... -- COMMAND [ARGS...]
 #
 # The guest has busybox, iproute2's ip, ipvsadm, ipset, iptables and
-# ip6tables (legacy), the IPVS, conntrack, NAT (both families), ipset, veth
-# and dummy modules (loaded at boot; IPv6 itself is built into the kernel),
+# ip6tables (legacy), nft, the IPVS, conntrack, NAT (both families), ipset,
+# nf_tables, veth and dummy modules (loaded at boot; IPv6 itself is built into the kernel),
 # and every --add file. COMMAND runs as root in /work with PATH set; /tmp is
 # a tmpfs. The base initramfs (kernel, modules, tools) is built once and
 # cached under $HOME/.cache/steelyard/vm-<kernel version>; the added files go
@@ -48,9 +48,12 @@ base=$cache/base.cpio.gz
 modules=(ip_vs ip_vs_rr ip_vs_wrr ip_vs_lc ip_vs_wlc ip_vs_sh ip_vs_mh nf_conntrack nf_nat
 	veth dummy ip_set ip_set_hash_ipport ip_set_hash_ipportip ip_set_hash_ipportnet xt_set
 	x_tables ip_tables iptable_nat iptable_filter xt_MASQUERADE xt_mark xt_comment xt_conntrack
-	xt_addrtype xt_nat nf_conntrack_netlink ip6_tables ip6table_nat ip6table_filter crc32c-intel)
+	xt_addrtype xt_nat nf_conntrack_netlink ip6_tables ip6table_nat ip6table_filter crc32c-intel
+	nf_tables nft_chain_nat nft_ct nft_nat nft_masq nft_numgen nft_reject nft_reject_inet
+	nft_reject_ipv4 nft_reject_ipv6 nft_fib nft_fib_inet nft_fib_ipv4 nft_fib_ipv6 nft_objref)
 # setpriv: test/ipvs/capabilities_test.go runs the agent with a bounding set.
-tools=(/usr/sbin/ipvsadm /usr/sbin/ipset /usr/sbin/xtables-legacy-multi /usr/bin/ip /sbin/ip /bin/ip /usr/bin/setpriv)
+# nft: test/ipvs/nftables_stale_test.go (the nftables mode on a 6.1 kernel).
+tools=(/usr/sbin/ipvsadm /usr/sbin/ipset /usr/sbin/xtables-legacy-multi /usr/bin/ip /sbin/ip /bin/ip /usr/bin/setpriv /usr/sbin/nft)
 
 build_base() {
 	local root

@@ -183,14 +183,23 @@ func copyDir(t *testing.T, src, dst string) {
 // drain-1 (198.19.5.2) and drain-2 (198.19.5.3); pods not in present are
 // left out of the EndpointSlice.
 func drainManifest(weights string, present ...string) string {
+	return serviceManifest("drain", drainVIP, weights, map[string]string{"drain-1": "198.19.5.2", "drain-2": "198.19.5.3"}, present...)
+}
+
+// serviceManifest is a ClusterIP Service name (http 80 -> 8080) in drainNS
+// with one EndpointSlice holding the pods of present (addresses from ips),
+// weighted by the steelyard.io/weights annotation unless weights is "".
+func serviceManifest(name, vip, weights string, ips map[string]string, present ...string) string {
 	var b strings.Builder
+	annotations := ""
+	if weights != "" {
+		annotations = fmt.Sprintf("\n  annotations:\n    steelyard.io/weights: %q", weights)
+	}
 	fmt.Fprintf(&b, `apiVersion: v1
 kind: Service
 metadata:
   namespace: %s
-  name: drain
-  annotations:
-    steelyard.io/weights: %q
+  name: %s%s
 spec:
   type: ClusterIP
   clusterIP: %s
@@ -201,14 +210,13 @@ apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata:
   namespace: %s
-  name: drain-x1
-  labels: {kubernetes.io/service-name: drain}
+  name: %s-x1
+  labels: {kubernetes.io/service-name: %s}
 addressType: IPv4
 ports:
   - {name: http, protocol: TCP, port: 8080}
 endpoints:
-`, drainNS, weights, drainVIP, drainNS)
-	ips := map[string]string{"drain-1": "198.19.5.2", "drain-2": "198.19.5.3"}
+`, drainNS, name, annotations, vip, drainNS, name, name)
 	for _, p := range present {
 		fmt.Fprintf(&b, "  - addresses: [%q]\n    conditions: {ready: true}\n    targetRef: {kind: Pod, namespace: %s, name: %s}\n", ips[p], drainNS, p)
 	}
