@@ -33,10 +33,11 @@
 #                    the API write to the end of the first sync after which
 #                    that address is in the kernel (same method: the kernel
 #                    is watched, not the proxy's histogram). nftables modes:
-#                    to the kernel event that added the address, read from
-#                    `nft monitor` in the namespace (a read-back of
-#                    steelyard's table takes about 1 s at 1,000 Services,
-#                    longer than the gap to its next sync).
+#                    to the receipt of the kernel's notification that added
+#                    the address (NEWRULE or NEWSETELEM, on a netlink socket
+#                    of the benchmark's own in the namespace, group
+#                    NFNLGRP_NFTABLES; no ruleset load, unlike `nft monitor`,
+#                    which was not live within minutes at 10,000 Services).
 #   netprog          the proxy's own network-programming histogram over the
 #                    same changes (bucket upper bounds only).
 #   partial sync     mean and count of the proxy's partial-sync histogram
@@ -46,6 +47,11 @@
 #                    descendants, from /proc (no cgroups): up to the first
 #                    full sync / during the changes.
 #   peak RSS         the proxy's VmHWM (children not included).
+#   quiet period     (under the table) after the changes, -idle (65 s) with
+#                    nothing changed: the proxy's syncs (count, mean, slowest
+#                    bucket) and, in nftables modes, the kernel transactions
+#                    and messages they wrote; also the listener's counts and
+#                    ENOBUFS overruns during the changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -13,7 +13,11 @@
 //     address through the API (the slice stamped with
 //     endpoints.kubernetes.io/last-change-trigger-time); the latency runs
 //     from the write to the end of the first sync after which the new
-//     address is in the kernel (read back with iptables-save or nft);
+//     address is in the kernel (read back with iptables-save), or, in
+//     nftables modes, to the kernel's notification that added it (a
+//     netlink listener in the namespace, nftListener);
+//   - a quiet period after the changes (-idle): the proxy's syncs with
+//     nothing changed, and what they wrote to the kernel;
 //   - the proxy's own network-programming histogram over the same changes
 //     (bucket bounds only), its partial-sync durations, CPU seconds of the
 //     proxy and its children, and its peak RSS.
@@ -35,13 +39,11 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/steelyard-net/steelyard/test/controlplane"
@@ -66,6 +68,8 @@ type config struct {
 	seed           uint64
 	verbose        bool
 	logDir         string
+	idle           time.Duration
+	compareMonitor bool
 }
 
 func main() {
@@ -87,6 +91,8 @@ func main() {
 	flag.DurationVar(&cfg.gap, "change-gap", 2*time.Second, "pause before each change: random, uniform in [0, this)")
 	flag.DurationVar(&cfg.settle, "settle", 5*time.Second, "pause after the first sync and between proxies")
 	flag.Uint64Var(&cfg.seed, "seed", 1, "seed of the random Service, endpoint and pause choices (the same for every proxy)")
+	flag.DurationVar(&cfg.idle, "idle", 65*time.Second, "after the changes, measure the syncs of this long a quiet period (periodic syncs with nothing changed); 0: skip")
+	flag.BoolVar(&cfg.compareMonitor, "compare-nft-monitor", false, "nftables modes: also time each change with `nft monitor` (the old method; not live within minutes at 10,000 Services) and log both")
 	flag.BoolVar(&cfg.verbose, "v", false, "log every step (namespaces, control plane, each change) to stderr")
 	flag.StringVar(&cfg.logDir, "log-dir", "", "copy each proxy's log into this directory")
 	flag.Parse()
@@ -233,6 +239,19 @@ type result struct {
 	rssKiB       int64
 	cpuMeasured  bool
 	syncMeasured bool
+
+	// nftables modes: the kernel-event listener over the changes, and
+	// with -compare-nft-monitor nft monitor's time minus the listener's
+	// for each change.
+	events      listenerStats
+	eventsOK    bool
+	monitorDiff []time.Duration
+
+	// The quiet period after the changes (-idle): the proxy's syncs and,
+	// in nftables modes, the kernel transactions and messages.
+	idle       time.Duration
+	idleSyncs  histogram
+	idleEvents listenerStats
 }
 
 func (r result) summary() string {
@@ -338,24 +357,48 @@ func runProxy(ctx context.Context, cfg *config, cp *controlplane.ControlPlane, w
 	}
 
 	// Phase 2: endpoint changes, one at a time. In nftables mode the
-	// kernel's own events say when each address arrived (nftWatch).
+	// kernel's own events say when each address arrived (nftListener).
+	// The listener starts only now: the kernel builds no notification
+	// while nobody listens (nfnetlink_has_listeners), so listening during
+	// the first sync would add that work to the proxy's commit.
+	var nl *nftListener
 	if table := p.nftTable(); table != "" {
-		nw, err := startNFTWatch(ctx, s.Node.Name, table)
-		if err != nil {
+		if nl, err = startNFTListener(s.Node, table); err != nil {
 			r.fail = err.Error()
 			return r
 		}
-		defer nw.stop()
-		t := time.Now()
-		rctx, cancel := context.WithTimeout(ctx, cfg.syncTimeout)
-		err = nw.ready(rctx, s.Node.Name)
+		defer nl.stop()
+		rctx, cancel := context.WithTimeout(ctx, time.Minute)
+		err = nl.ready(rctx, s.Node.Name)
 		cancel()
 		if err != nil {
-			r.fail = "nft monitor: " + err.Error()
+			r.fail = "kernel events: " + err.Error()
 			return r
 		}
-		vlog("nft monitor ready after %v", time.Since(t).Round(time.Millisecond))
-		m.watch = nw
+		m.watch = nl
+		if cfg.compareMonitor {
+			nw, err := startNFTWatch(ctx, s.Node.Name, table)
+			if err != nil {
+				r.fail = err.Error()
+				return r
+			}
+			defer nw.stop()
+			t := time.Now()
+			rctx, cancel := context.WithTimeout(ctx, cfg.syncTimeout)
+			err = nw.ready(rctx, s.Node.Name)
+			cancel()
+			if err != nil {
+				r.fail = "nft monitor: " + err.Error()
+				return r
+			}
+			logf("nft monitor ready after %v", time.Since(t).Round(time.Millisecond))
+			m.monitor = nw
+			m.diffs = &r.monitorDiff
+		}
+	}
+	var ev0 listenerStats
+	if nl != nil {
+		ev0 = nl.stats()
 	}
 	before, err := sc.scrape(ctx)
 	if err != nil {
@@ -413,6 +456,32 @@ func runProxy(ctx context.Context, cfg *config, cp *controlplane.ControlPlane, w
 	if cpu, err := treeCPU(pid); err == nil {
 		r.cpuChanges = cpu - cpu0
 	}
+	if nl != nil {
+		r.events, r.eventsOK = nl.stats().minus(ev0), true
+	}
+
+	// Phase 3: a quiet period, nothing changed: what the periodic syncs
+	// cost (the proxy's own sync histogram) and write (kernel events). It
+	// starts -settle after the last change, past the end of that change's
+	// sync (the kernel event comes before it) and steelyard's cleanup
+	// sync a second later, which the first 10,000-Service run counted.
+	if cfg.idle > 0 && ctx.Err() == nil && sleep(ctx, cfg.settle) {
+		var i0 listenerStats
+		if nl != nil {
+			i0 = nl.stats()
+		}
+		t := time.Now()
+		quiet0, err0 := sc.scrape(ctx)
+		if err0 == nil && sleep(ctx, cfg.idle) {
+			if idle, err := sc.scrape(ctx); err == nil {
+				r.idle = time.Since(t)
+				r.idleSyncs = idle.histogram("sync_proxy_rules_duration_seconds").minus(quiet0.histogram("sync_proxy_rules_duration_seconds"))
+				if nl != nil {
+					r.idleEvents = nl.stats().minus(i0)
+				}
+			}
+		}
+	}
 	if rss, err := peakRSS(pid); err == nil {
 		r.rssKiB = rss
 	}
@@ -432,7 +501,11 @@ type monitor struct {
 	trace   func(string, ...any) // -v: each step of waitProgrammed
 	// watch, in nftables mode, gives the time each address reached the
 	// kernel; without it (iptables) the rules are read back after each sync.
-	watch *nftWatch
+	watch *nftListener
+	// monitor (-compare-nft-monitor) times each change again with nft
+	// monitor; diffs collects its time minus watch's.
+	monitor *nftWatch
+	diffs   *[]time.Duration
 }
 
 func (m *monitor) exited() error {
@@ -503,6 +576,15 @@ func (m *monitor) waitProgrammed(ctx context.Context, limit time.Duration, want 
 		if m.trace != nil {
 			m.trace("trace: in the kernel %v after the write; the proxy's last sync end then: %+v", tc.Sub(t0).Round(time.Millisecond), m.scraper.lastSync(ctx).Sub(t0).Round(time.Millisecond))
 		}
+		if m.monitor != nil {
+			tm, err := m.monitor.wait(ctx, want)
+			if err != nil {
+				logf("nft monitor: %s: %v", want, err)
+			} else {
+				*m.diffs = append(*m.diffs, tm.Sub(tc))
+				logf("change %s: kernel event %v after the write, nft monitor %v (%+v)", want, tc.Sub(t0).Round(time.Millisecond), tm.Sub(t0).Round(time.Millisecond), tm.Sub(tc).Round(time.Microsecond))
+			}
+		}
 		return tc.Sub(t0), nil
 	}
 	tick := time.NewTicker(50 * time.Millisecond)
@@ -555,158 +637,6 @@ func killNamespace(ns string) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
-}
-
-// Table cells.
-
-func (r result) firstSyncCell() string {
-	switch {
-	case r.firstSyncErr != "":
-		return r.firstSyncErr
-	case !r.syncMeasured:
-		return "-"
-	}
-	return fmtDur(r.firstSync)
-}
-
-func (r result) latencyCell(q float64) string {
-	if r.changesErr != "" && len(r.latencies) < r.changes && q > 0.5 {
-		return r.changesErr
-	}
-	if len(r.latencies) == 0 {
-		if r.changesErr != "" {
-			return r.changesErr
-		}
-		return "-"
-	}
-	return fmtDur(percentile(r.latencies, q))
-}
-
-func (r result) changesCell() string {
-	if !r.syncMeasured {
-		return "-"
-	}
-	return fmt.Sprintf("%d/%d", len(r.latencies), r.changes)
-}
-
-func (r result) netprogCell() string {
-	if r.netprog.count <= 0 {
-		return "-"
-	}
-	return fmt.Sprintf("≤%s / ≤%s", fmtSeconds(r.netprog.quantile(0.5)), fmtSeconds(r.netprog.quantile(0.99)))
-}
-
-func (r result) partialCell() string {
-	if r.partial.count <= 0 {
-		return "-"
-	}
-	mean := r.partial.sum / r.partial.count
-	return fmt.Sprintf("%s (%d)", fmtDur(time.Duration(mean*float64(time.Second))), int(r.partial.count))
-}
-
-func (r result) cpuCell() string {
-	if !r.cpuMeasured {
-		return "-"
-	}
-	if !r.syncMeasured {
-		return fmt.Sprintf("%.1f / -", r.cpuSync)
-	}
-	return fmt.Sprintf("%.1f / %.1f", r.cpuSync, r.cpuChanges)
-}
-
-func (r result) rssCell() string {
-	if r.rssKiB <= 0 {
-		return "-"
-	}
-	return fmt.Sprintf("%d MiB", (r.rssKiB+512)/1024)
-}
-
-// percentile is the nearest-rank percentile.
-func percentile(ds []time.Duration, q float64) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	k := int(math.Ceil(q*float64(len(s)))) - 1
-	return s[max(0, min(k, len(s)-1))]
-}
-
-func printTable(out *os.File, cfg *config, results []result, load0, load1 string, took time.Duration) {
-	host, _ := os.Hostname()
-	fmt.Fprintf(out, "steelyard vs kube-proxy %s against a real API server: %d endpoints per Service, %d endpoint changes per proxy\n",
-		controlplane.KubernetesVersion, cfg.endpoints, cfg.changes)
-	fmt.Fprintf(out, "%s, %d CPUs, kernel %s; load average %s at start, %s at end; %s in all\n\n",
-		host, runtime.NumCPU(), kernelRelease(), load0, load1, took.Round(time.Second))
-	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "proxy\tiptables\tServices\tfirst full sync\tchange p50\tchange p99\tchanges\tnetprog p50 / p99 (metric)\tpartial sync mean (n)\tCPU s: sync / changes\tpeak RSS\t")
-	for _, r := range results {
-		if r.proxy.name == "" {
-			fmt.Fprintf(w, "(all)\t\t%d\t%s\t\t\t\t\t\t\t\t\n", r.services, r.fail)
-			continue
-		}
-		if r.fail != "" {
-			fmt.Fprintf(w, "%s\t%s\t%d\tfailed: %s\t\t\t\t\t\t\t\t\n", r.proxy.label(), r.proxy.flavourLabel(), r.services, r.fail)
-			continue
-		}
-		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.proxy.label(), r.proxy.flavourLabel(), r.services,
-			r.firstSyncCell(), r.latencyCell(0.5), r.latencyCell(0.99), r.changesCell(), r.netprogCell(), r.partialCell(), r.cpuCell(), r.rssCell())
-	}
-	w.Flush()
-
-	// The issue's goals, as ratios; nothing is asserted.
-	var ratios []string
-	// steelyard against kube-proxy in the same mode: iptables (same
-	// flavour; goals 0.5x first sync, 0.25x change p99) and nftables
-	// (issue 11: first sync at most 1x, change p99 at most 0.5x).
-	pairs := []struct {
-		s, k, label  string
-		sync, change float64
-	}{
-		{proxySteelyard, proxyKubeProxyIPTables, "steelyard / kube-proxy iptables", 0.5, 0.25},
-		{proxySteelyardNFTables, proxyKubeProxyNFTables, "steelyard nftables / kube-proxy nftables", 1, 0.5},
-	}
-	for _, pr := range pairs {
-		for _, s := range results {
-			if s.proxy.name != pr.s {
-				continue
-			}
-			for _, k := range results {
-				if k.proxy.name != pr.k || k.proxy.flavour != s.proxy.flavour || k.services != s.services {
-					continue
-				}
-				line := fmt.Sprintf("N=%d, %s: %s: ", s.services, s.proxy.flavourLabel(), pr.label)
-				if s.syncMeasured && k.syncMeasured {
-					line += fmt.Sprintf("first full sync %.2fx (goal <= %g)", s.firstSync.Seconds()/k.firstSync.Seconds(), pr.sync)
-				} else {
-					line += "first full sync n/a"
-				}
-				if len(s.latencies) == s.changes && len(k.latencies) == k.changes && s.changes > 0 {
-					line += fmt.Sprintf(", change p99 %.2fx (goal <= %g)", percentile(s.latencies, 0.99).Seconds()/percentile(k.latencies, 0.99).Seconds(), pr.change)
-				} else {
-					line += ", change p99 n/a"
-				}
-				if s.rssKiB > 0 && k.rssKiB > 0 {
-					line += fmt.Sprintf(", peak RSS %.2fx", float64(s.rssKiB)/float64(k.rssKiB))
-				}
-				ratios = append(ratios, line)
-			}
-		}
-	}
-	if len(ratios) > 0 {
-		fmt.Fprintln(out)
-		for _, l := range ratios {
-			fmt.Fprintln(out, l)
-		}
-	}
-	fmt.Fprintf(out, `
-first full sync: process start to the end of the first sync after which the kernel held a DNAT to every
-  endpoint of every Service (sync end times from the proxy's health endpoint, polled; rules read back with
-  iptables-save / nft after each sync).
-change p50/p99: API write of a new endpoint address (slice stamped with last-change-trigger-time) to the
-  end of the first sync after which that address was in the kernel (same method; nftables modes: to the
-  kernel's own event adding it, read from nft monitor); a random 0-%s pause before each change. netprog: the proxy's own histogram over the same changes (bucket upper bounds).
-partial sync: the proxy's partial-sync histogram over the changes (mean and count, periodic syncs included).
-CPU: utime+stime of the proxy, its waited-for children (cutime+cstime: iptables-restore, nft) and live
-  descendants, from /proc; up to the first full sync / during the changes. peak RSS: the proxy's VmHWM.
-`, cfg.gap)
 }
 
 // Helpers.
