@@ -13,6 +13,8 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"syscall"
@@ -42,8 +44,20 @@ func main() {
 	dp := flag.String("dataplane", "nftables", "nftables or iptables-legacy")
 	keep := flag.Bool("keep", false, "leave the ruleset in place after the first sync and exit (to inspect it)")
 	batch := flag.Int("batch", nftables.BatchPorts, "nftables: Service ports per transaction of a full sync")
+	cpuProfile := flag.String("cpuprofile", "", "write a pprof CPU profile of the partial syncs (one weight, one endpoint) to this file")
+	memProfile := flag.String("memprofile", "", "write pprof heap profiles: FILE.first (live heap after the first sync, after a GC) and FILE.partial (after the partial syncs)")
+	perfCtl := flag.String("perf-ctl", "", "a perf record --control fifo: \"enable\" is written before the partial syncs and \"disable\" after them (start perf with -D -1)")
+	partialOnly := flag.Bool("partial-only", false, "stop after the partial syncs (no full resync, explain or listing)")
+	rounds := flag.Int("rounds", 5, "partial syncs of each kind (the median is printed)")
+	probe := flag.Bool("probe", false, "nftables: after the partial syncs, time a commit with a verdict element and one without (the kernel's validation walk)")
+	probeOnly := flag.Bool("probe-only", false, "nftables: only -probe the table already there (left by -keep), then exit")
 	flag.Parse()
 	nftables.BatchPorts = *batch
+	if *probeOnly {
+		v, p := probeCommits()
+		fmt.Printf("commit with a verdict %.4f CPU-s, without %.4f CPU-s\n", v, p)
+		return
+	}
 	logrus.SetLevel(logrus.WarnLevel)
 
 	state := makeState(*services, *endpoints)
@@ -76,14 +90,25 @@ func main() {
 		lastCPU = cpu() - c
 		return time.Since(start).Seconds()
 	}
+	// phase tells on stderr which step raised the peak RSS.
+	phase := func(name string) {
+		var ru syscall.Rusage
+		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+		fmt.Fprintf(os.Stderr, "scale-bench: after %s: peak RSS %.0f MiB\n", name, float64(ru.Maxrss)/1024)
+	}
 	r.First = timed(func() error { _, err := p.Sync(state, dataplane.FullSync); return err })
 	r.FirstCPU = lastCPU
+	phase("first sync")
 	if *keep {
 		fmt.Printf("first sync %.3f s (%.3f s CPU)\n", r.First, r.FirstCPU)
 		return
 	}
+	if *memProfile != "" {
+		writeHeap(*memProfile + ".first")
+	}
+	profiling := startProfiles(*cpuProfile, *perfCtl)
 	var partials, partialCPU []float64
-	for i := range 5 {
+	for i := range *rounds {
 		// One endpoint of one Service changes weight.
 		state.Services[*services/2].Backends[0].Weight = float64(2 + i)
 		// The agent passes the tracker's changed set: that one Service.
@@ -97,22 +122,34 @@ func main() {
 	// median runs f five times and returns the median wall and CPU times.
 	median := func(f func(i int) error) (float64, float64) {
 		var ws, cs []float64
-		for i := range 5 {
+		for i := range *rounds {
 			ws = append(ws, timed(func() error { return f(i) }))
 			cs = append(cs, lastCPU)
 		}
 		slices.Sort(ws)
 		slices.Sort(cs)
-		return ws[2], cs[2]
+		return ws[len(ws)/2], cs[len(cs)/2]
 	}
 	// One endpoint replaced by a never-used address (pod churn).
 	sp := &state.Services[*services/3]
 	req := dataplane.SyncRequest{Changed: map[dataplane.ServiceName]bool{sp.Name.Service(): true}}
 	r.Endpoint, r.EndpointCPU = median(func(i int) error {
-		sp.Backends[0].IP = netip.AddrFrom4([4]byte{198, 19, 255, byte(10 + i)})
+		sp.Backends[0].IP = netip.AddrFrom4([4]byte{198, 19, 255, byte(10 + i%200)})
 		_, err := p.Sync(state, req)
 		return err
 	})
+	profiling()
+	phase("partial syncs")
+	if *probe && *dp == "nftables" {
+		r.VerdictCommitCPU, r.PlainCommitCPU = probeCommits()
+	}
+	if *memProfile != "" {
+		writeHeap(*memProfile + ".partial")
+	}
+	if *partialOnly {
+		printResult(r)
+		return
+	}
 	// A periodic sync with nothing changed.
 	r.Idle, r.IdleCPU = median(func(int) error {
 		_, err := p.Sync(state, dataplane.SyncRequest{Changed: map[dataplane.ServiceName]bool{}})
@@ -120,6 +157,7 @@ func main() {
 	})
 	r.Full = timed(func() error { _, err := p.Sync(state, dataplane.FullSync); return err })
 	r.FullCPU = lastCPU
+	phase("full resync")
 	r.Explain = timed(func() error {
 		views, err := p.Explain()
 		if err == nil && len(views) < *services {
@@ -128,6 +166,7 @@ func main() {
 		return err
 	})
 	r.ExplainCPU = lastCPU
+	phase("explain")
 	r.List = timed(func() error {
 		cmd := exec.Command(list[0], list[1:]...)
 		cmd.Stdout = nil
@@ -137,14 +176,71 @@ func main() {
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
 		r.LoadAvg, _, _ = strings.Cut(string(b), " ")
 	}
+	if err := p.Cleanup(); err != nil {
+		fail(err)
+	}
+	printResult(r)
+}
+
+// printResult prints r as one JSON line, with the peak RSS so far.
+func printResult(r point.Result) {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
 		r.RSSMiB = float64(ru.Maxrss) / 1024
 	}
-	if err := p.Cleanup(); err != nil {
-		fail(err)
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil && r.LoadAvg == "" {
+		r.LoadAvg, _, _ = strings.Cut(string(b), " ")
 	}
 	if err := json.NewEncoder(os.Stdout).Encode(r); err != nil {
+		fail(err)
+	}
+}
+
+// startProfiles starts the CPU profile and perf's recording (either may be
+// off) and returns the function that stops both: so a profile holds the
+// partial syncs only, not the first sync that dwarfs them.
+func startProfiles(cpuFile, perfCtl string) func() {
+	var stops []func()
+	if cpuFile != "" {
+		f, err := os.Create(cpuFile)
+		if err != nil {
+			fail(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fail(err)
+		}
+		stops = append(stops, func() { pprof.StopCPUProfile(); _ = f.Close() })
+	}
+	if perfCtl != "" {
+		f, err := os.OpenFile(perfCtl, os.O_WRONLY, 0)
+		if err != nil {
+			fail(err)
+		}
+		if _, err := f.WriteString("enable\n"); err != nil {
+			fail(err)
+		}
+		stops = append(stops, func() { _, _ = f.WriteString("disable\n"); _ = f.Close() })
+	}
+	return func() {
+		for _, s := range stops {
+			s()
+		}
+	}
+}
+
+// writeHeap writes the live heap (after a GC) to file, and its in-use
+// figure to stderr.
+func writeHeap(file string) {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	fmt.Fprintf(os.Stderr, "scale-bench: %s: heap in use %.1f MiB, sys %.1f MiB\n", file, float64(ms.HeapInuse)/(1<<20), float64(ms.Sys)/(1<<20))
+	f, err := os.Create(file)
+	if err != nil {
+		fail(err)
+	}
+	defer f.Close()
+	if err := pprof.WriteHeapProfile(f); err != nil {
 		fail(err)
 	}
 }

@@ -28,6 +28,14 @@ type Result struct {
 	FullCPU     float64 `json:"full_resync_cpu_s"`
 	ExplainCPU  float64 `json:"explain_cpu_s"`
 	ListCPU     float64 `json:"list_cpu_s"`
+	// The kernel's share of a commit (nftables, -probe): one transaction
+	// that adds a service-ips element with a goto verdict and one that
+	// adds a nodeport-ips address (no verdict), median CPU seconds of 5
+	// each. A verdict makes the kernel validate the whole chain graph
+	// from every base chain at commit (nft_table_validate); the
+	// difference is that walk.
+	VerdictCommitCPU float64 `json:"verdict_commit_cpu_s,omitempty"`
+	PlainCommitCPU   float64 `json:"plain_commit_cpu_s,omitempty"`
 	// LoadAvg is the 1-minute load average at the end of the run.
 	LoadAvg string `json:"loadavg"`
 }
