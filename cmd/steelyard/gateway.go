@@ -10,8 +10,6 @@ import (
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/steelyard-net/steelyard/controller"
@@ -74,24 +72,16 @@ func (f *gatewayFlags) check(manifests string) error {
 
 // clients connects to the API server with the Gateway API clientset too.
 func (f *gatewayFlags) clients(kubeconfig string) (versioned.Interface, kubernetes.Interface, error) {
-	var (
-		cfg *rest.Config
-		err error
-	)
-	if kubeconfig == "" {
-		cfg, err = rest.InClusterConfig()
-	} else {
-		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	}
+	cfg, err := restConfig(kubeconfig)
 	if err != nil {
-		return nil, nil, fmt.Errorf("API server config: %w", err)
+		return nil, nil, err
 	}
-	cfg.UserAgent = "steelyard/" + version
+	// Gateway API types are CRDs: JSON only.
 	gw, err := versioned.NewForConfig(cfg)
 	if err != nil {
 		return nil, nil, err
 	}
-	kube, err := kubernetes.NewForConfig(cfg)
+	kube, err := kubeClient(cfg)
 	return gw, kube, err
 }
 
