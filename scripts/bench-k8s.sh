@@ -15,6 +15,9 @@
 #                            per restore); 0 for no limit
 #   PROXIES=steelyard,kube-proxy-iptables,steelyard-nftables,kube-proxy-nftables
 #   CHANGES=100              endpoint changes per proxy
+#   POINTS=docs/bench-k8s.jsonl  each measured proxy is appended here as a
+#                            point of the growth figure (make bench draws
+#                            them beside the dataplanes; "" for none)
 #   BENCH_ARGS=...           more flags for k8s-bench (see k8s-bench -h),
 #                            e.g. "-log-dir /tmp/logs -v"
 #
@@ -84,4 +87,5 @@ exec bin/k8s-bench \
 	-nft-max-services "${NFT_MAX_SERVICES:-1000}" \
 	-proxies "${PROXIES:-steelyard,kube-proxy-iptables,steelyard-nftables,kube-proxy-nftables}" \
 	-changes "${CHANGES:-100}" \
+	-points "${POINTS-docs/bench-k8s.jsonl}" \
 	${BENCH_ARGS:-}

@@ -68,6 +68,7 @@ type config struct {
 	seed           uint64
 	verbose        bool
 	logDir         string
+	points         string
 	idle           time.Duration
 	compareMonitor bool
 }
@@ -95,6 +96,7 @@ func main() {
 	flag.BoolVar(&cfg.compareMonitor, "compare-nft-monitor", false, "nftables modes: also time each change with `nft monitor` (the old method; not live within minutes at 10,000 Services) and log both")
 	flag.BoolVar(&cfg.verbose, "v", false, "log every step (namespaces, control plane, each change) to stderr")
 	flag.StringVar(&cfg.logDir, "log-dir", "", "copy each proxy's log into this directory")
+	flag.StringVar(&cfg.points, "points", "", "append each measured proxy as a JSON line of scale-plot's points to this file (docs/bench-k8s.jsonl: drawn beside the dataplanes' growth)")
 	flag.Parse()
 
 	var err error
@@ -214,6 +216,9 @@ func benchSize(ctx context.Context, cfg *config, n int, bins controlplane.Binari
 		logf("N=%d: %s (%s)", n, p.label(), p.flavourLabel())
 		r := runProxy(ctx, cfg, cp, w, p, n)
 		logf("N=%d: %s (%s): %s", n, p.label(), p.flavourLabel(), r.summary())
+		if err := appendPoint(cfg.points, cfg, r); err != nil {
+			logf("-points: %v", err)
+		}
 		results = append(results, r)
 	}
 	return results, nil

@@ -36,6 +36,12 @@ type Result struct {
 	// difference is that walk.
 	VerdictCommitCPU float64 `json:"verdict_commit_cpu_s,omitempty"`
 	PlainCommitCPU   float64 `json:"plain_commit_cpu_s,omitempty"`
+	// Points of test/bench/k8s (a proxy against a real API server, its
+	// Dataplane ending in "(API server)") have only First, RSSMiB,
+	// FirstCPU and these: an endpoint change written to the API server
+	// until the kernel holds it, p50 and p99 of the run's changes.
+	ChangeP50 float64 `json:"change_kernel_p50_s,omitempty"`
+	ChangeP99 float64 `json:"change_kernel_p99_s,omitempty"`
 	// LoadAvg is the 1-minute load average at the end of the run.
 	LoadAvg string `json:"loadavg"`
 }
