@@ -116,7 +116,7 @@ func main() {
 			}
 			l.Color, pts.Color = colorOf[n], colorOf[n]
 			p.Add(l, pts)
-			p.Legend.Add(n, l, pts)
+			p.Legend.Add(legend(n), l, pts)
 		}
 		p.Legend.Top = true
 		p.Legend.Left = true
@@ -133,6 +133,15 @@ func main() {
 	if err := plotfile.Save(*out, 20*vg.Inch, 8*vg.Inch, plots); err != nil {
 		fail(err)
 	}
+}
+
+// legend names a line: scale-bench's points are steelyard's dataplane
+// alone (no API server), k8s-bench's a proxy with its informers.
+func legend(name string) string {
+	if strings.HasSuffix(name, apiServerSuffix) {
+		return name
+	}
+	return "steelyard " + name + " (dataplane alone)"
 }
 
 // apiServerSuffix ends the names of k8s-bench's points.
