@@ -252,6 +252,19 @@ func StaleFlowsNow(flows []conntrack.Flow, next *dataplane.State) []conntrack.Fi
 	return dedupe(out)
 }
 
+// udpPorts is s with only its UDP Service ports, in a new array: all
+// StaleFlows reads of the previous State, kept without keeping the whole
+// State (every TCP port and its backends) alive into the next Build.
+func udpPorts(s *dataplane.State) *dataplane.State {
+	out := &dataplane.State{}
+	for _, sp := range s.Services {
+		if sp.VIP.Protocol == dataplane.UDP {
+			out.Services = append(out.Services, sp)
+		}
+	}
+	return out
+}
+
 // cleanConntrack runs after every successful Dataplane.Sync (the new rules
 // are in place, so the next datagram of a cleared flow takes a current
 // decision) and deletes the stale UDP entries. A failed deletion is logged
@@ -282,5 +295,5 @@ func (a *Agent) cleanConntrack(next dataplane.State) {
 		}
 		conntrackLog.WithFields(logrus.Fields{"deleted": n, "filters": len(filters)}).Info("deleted stale UDP conntrack entries")
 	}
-	a.applied = &next
+	a.applied = udpPorts(&next)
 }
