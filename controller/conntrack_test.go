@@ -188,6 +188,12 @@ func TestStaleFlows(t *testing.T) {
 			if !sameFilters(got, c.want) {
 				t.Fatalf("got\n  %v\nwant\n  %v", got, c.want)
 			}
+			// The agent keeps only the UDP ports of the previous State
+			// (udpPorts), with a TCP port beside them here.
+			prev := append([]dataplane.ServicePort{tcp}, c.prev...)
+			if kept := StaleFlows(udpPorts(&dataplane.State{Services: prev}), &dataplane.State{Services: c.next}); !sameFilters(kept, c.want) {
+				t.Errorf("from the kept UDP ports: got\n  %v\nwant\n  %v", kept, c.want)
+			}
 			for _, f := range got {
 				if err := f.Validate(); err != nil {
 					t.Errorf("invalid filter: %v", err)
