@@ -48,7 +48,7 @@ func main() {
 		for _, p := range problems {
 			fmt.Fprintln(os.Stderr, "docsgen:", p)
 		}
-		fmt.Fprintf(os.Stderr, "docsgen: %d problems: figures in README.md and docs/ come from committed data (docs/testing.md#make-docs-check); run `make docs` after a benchmark, and put new figures in a generated region\n", len(problems))
+		fmt.Fprintf(os.Stderr, "docsgen: %d problem(s): figures in README.md and docs/ come from committed data (docs/testing.md#make-docs-check); run `make docs` after a benchmark, and put new figures in a generated region\n", len(problems))
 		os.Exit(1)
 	}
 }
@@ -99,7 +99,7 @@ func process(root string, write bool) ([]string, error) {
 				}
 			} else {
 				for _, r := range changed {
-					problems = append(problems, fmt.Sprintf("%s:%d: generated region %q differs from what its data gives (hand-edited, or the data changed since `make docs`)", rel, r.Line, r.Name))
+					problems = append(problems, fmt.Sprintf("%s:%d: generated region %q differs from what its data gives (hand-edited, or the data changed since `make docs`):\n  file: %s\n  data: %s", rel, r.Line, r.Name, r.Diff[0], r.Diff[1]))
 				}
 			}
 		}

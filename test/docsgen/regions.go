@@ -26,8 +26,11 @@ const (
 // region is one generated region of a file: Name, the 1-based line of its
 // begin marker and the lines between the markers.
 type region struct {
-	Name  string
-	Line  int
+	Name string
+	Line int
+	// Diff is, for a changed region, the first line that differs: the
+	// file's and the one the data gives.
+	Diff  [2]string
 	Start int // index in lines of the first line inside the region
 	End   int // index in lines of the end marker
 }
@@ -87,7 +90,20 @@ func replaceRegions(file string, lines []string, gen func(name string) ([]string
 		}
 		out = append(out, lines[last:r.Start]...)
 		out = append(out, body...)
-		if strings.Join(body, "\n") != strings.Join(lines[r.Start:r.End], "\n") {
+		if old := lines[r.Start:r.End]; strings.Join(body, "\n") != strings.Join(old, "\n") {
+			for i := 0; i < max(len(old), len(body)); i++ {
+				var o, b string
+				if i < len(old) {
+					o = old[i]
+				}
+				if i < len(body) {
+					b = body[i]
+				}
+				if o != b {
+					r.Diff = [2]string{o, b}
+					break
+				}
+			}
 			changed = append(changed, r)
 		}
 		last = r.End
