@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/steelyard-net/steelyard/test/conformance/summary"
 )
 
 func TestParseRegionsErrors(t *testing.T) {
@@ -176,5 +178,23 @@ func TestRepositoryDocs(t *testing.T) {
 	}
 	if len(problems) > 0 {
 		t.Log("run `make docs` (or `go run ./test/docsgen`) after changing the data; figures belong in generated regions")
+	}
+}
+
+// What the conformance runner writes (summary.Write) is what the table
+// counts: the two share one type, and this checks the file between them.
+func TestRenderConformanceFromWrite(t *testing.T) {
+	root := t.TempDir()
+	s := summary.Summary{Proxy: "steelyard-nftables", Commit: "def5678", Date: "2026-12-06T08:00:00Z", LoadAvg: "0.10 0.20 0.30", Nodes: 3, WallSeconds: 700,
+		Specs: []summary.Spec{{Name: "a", Result: summary.Passed}, {Name: "b", Result: summary.SkipListed, Reason: "skip.txt:20: SCTP"}, {Name: "c", Result: summary.Incomplete}}}
+	if _, err := summary.Write(filepath.Join(root, "docs", "conformance"), s); err != nil {
+		t.Fatal(err)
+	}
+	lines, err := renderConformance(root, root, filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(lines, "\n"), "| steelyard-nftables | 1 | 0 | 0 | 1 | 1 | 700 s | 3 | def5678, 2026-12-06 | 0.10 0.20 0.30 |"; !strings.Contains(got, want) {
+		t.Errorf("lacks %q:\n%s", want, got)
 	}
 }
