@@ -162,7 +162,9 @@ cluster-down:
 
 # Kubernetes' own e2e Service tests (e2e.test and ginkgo v1.37.2, built from
 # source and cached) on the real node, once per proxy: steelyard iptables,
-# steelyard nftables, kube-proxy iptables (the reference); one table.
+# steelyard nftables, kube-proxy iptables (the reference); one table, and
+# each proxy's summary in docs/conformance/<proxy>.json (commit them, then
+# `make docs`). Fails when a selected spec fails for a steelyard proxy.
 # Not part of test (tens of minutes). PROXIES=kube-proxy,... picks some,
 # FOCUS=regexp narrows the run, NODES sets ginkgo's parallelism, PARALLEL=1
 # runs the proxies at once, a node each
