@@ -20,7 +20,7 @@ endif
 .PHONY: ingress bench-ingress
 .PHONY: ipvs
 .PHONY: gateway
-.PHONY: docs-check
+.PHONY: docs docs-check
 .PHONY: node node-deps cluster-up cluster-down bench-node
 .PHONY: conformance gateway-conformance
 
@@ -162,7 +162,9 @@ cluster-down:
 
 # Kubernetes' own e2e Service tests (e2e.test and ginkgo v1.37.2, built from
 # source and cached) on the real node, once per proxy: steelyard iptables,
-# steelyard nftables, kube-proxy iptables (the reference); one table.
+# steelyard nftables, kube-proxy iptables (the reference); one table, and
+# each proxy's summary in docs/conformance/<proxy>.json (commit them, then
+# `make docs`). Fails when a selected spec fails for a steelyard proxy.
 # Not part of test (tens of minutes). PROXIES=kube-proxy,... picks some,
 # FOCUS=regexp narrows the run, NODES sets ginkgo's parallelism, PARALLEL=1
 # runs the proxies at once, a node each
@@ -193,10 +195,19 @@ fuzz:
 		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) "$${t%%:*}"; \
 	done
 
+# The tables of figures in README.md and docs/*.md, regenerated in place
+# from the committed data (docs/bench-*.json*, docs/gateway-conformance-report*.yaml,
+# docs/conformance/*.json) by test/docsgen. Run it after a benchmark.
+docs:
+	$(GO) run ./test/docsgen
+
 # The runnable commands of README.md and docs/*.md (marked <!-- docs-check -->),
-# in a throwaway network namespace beside `steelyard run --manifests examples`.
+# in a throwaway network namespace beside `steelyard run --manifests examples`;
+# first `docsgen -check`: a generated table that differs from its data, or a
+# figure in a README.md table outside a generated region, fails.
 docs-check: deps build
-	$(ROOT) env STEELYARD_BIN=$(CURDIR)/bin/steelyard scripts/docs-check.sh
+	$(GO) build -o bin/steelyard-docsgen ./test/docsgen
+	$(ROOT) env STEELYARD_BIN=$(CURDIR)/bin/steelyard DOCSGEN_BIN=$(CURDIR)/bin/steelyard-docsgen scripts/docs-check.sh
 
 clean:
 	rm -rf bin

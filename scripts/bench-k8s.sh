@@ -17,7 +17,11 @@
 #   CHANGES=100              endpoint changes per proxy
 #   POINTS=docs/bench-k8s.jsonl  each measured proxy is appended here as a
 #                            point of the growth figure (make bench draws
-#                            them beside the dataplanes; "" for none)
+#                            them beside the dataplanes; "" for none: then
+#                            the run leaves no data and its figures cannot
+#                            go into the docs). Each point names its commit,
+#                            date and load; `make docs` renders the README's
+#                            and docs/' tables from the file.
 #   BENCH_ARGS=...           more flags for k8s-bench (see k8s-bench -h),
 #                            e.g. "-log-dir /tmp/logs -v"
 #

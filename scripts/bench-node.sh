@@ -32,3 +32,4 @@ mkdir -p bin
 "$GO" build -o bin/node-plot ./test/bench/node/plot
 bin/node-bench -rate "$RATE" -probe "$PROBE" -duration "${DURATION}s" -modes "$MODES" -phases "$PHASES" -o "$OUT.json"
 bin/node-plot -o "$OUT.svg" <"$OUT.json"
+echo "report: $OUT.json; \`make docs\` renders the README's and docs/' tables from it"

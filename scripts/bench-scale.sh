@@ -46,3 +46,4 @@ fi
 echo "load average during the run: $(cut -d' ' -f1-3 /proc/loadavg)"
 cat "$results" "${k8s_points[@]}" | bin/scale-plot -o "$OUT"
 cp "$results" "${OUT%.*}.jsonl"
+echo "points: ${OUT%.*}.jsonl; \`make docs\` renders the README's and docs/' tables from them"

@@ -99,7 +99,7 @@ func TestParseJUnit(t *testing.T) {
 	if why := o.Skipped["[sig-network] Services should work across nodes"]; len(o.Skipped) != 1 || why != "Requires at least 2 nodes (not 1)" {
 		t.Errorf("skipped: %q", o.Skipped)
 	}
-	if o.Filtered != 1 {
-		t.Errorf("filtered: %d, want 1", o.Filtered)
+	if len(o.Unstarted) != 1 {
+		t.Errorf("unstarted: %q, want 1", o.Unstarted)
 	}
 }

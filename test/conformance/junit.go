@@ -37,14 +37,17 @@ type Outcome struct {
 	// Skipped are specs the run selected that skipped themselves (an
 	// e2eskipper check such as "requires at least 2 nodes"), name -> why.
 	Skipped map[string]string
-	// Filtered counts the specs the focus and skip rules left out.
-	Filtered int
+	// SkipListed are the specs the focus rules select and a skip rule of
+	// skip.txt removes, name -> "skip.txt:LINE: reason" (see Classify).
+	SkipListed map[string]string
+	// OutOfFocus counts the specs no focus rule selects (most of e2e.test).
+	OutOfFocus int
 	// Interrupted are specs cut short by an interrupt or ginkgo's
 	// --timeout; NotRun counts the selected specs that never started then.
 	Interrupted []string
 	NotRun      int
 	// Unstarted are the specs reported as bare "skipped": filtered out, or
-	// selected but never started (an interrupted run); see CountNotRun.
+	// selected but never started (an interrupted run); see Classify.
 	Unstarted []string
 	// Seconds is the suite's duration as ginkgo reports it.
 	Seconds float64
@@ -60,7 +63,7 @@ func ParseJUnit(r io.Reader) (Outcome, error) {
 	if err := xml.NewDecoder(r).Decode(&s); err != nil {
 		return Outcome{}, fmt.Errorf("junit: %w", err)
 	}
-	o := Outcome{Skipped: map[string]string{}, Messages: map[string]string{}}
+	o := Outcome{Skipped: map[string]string{}, SkipListed: map[string]string{}, Messages: map[string]string{}}
 	for _, suite := range s.Suites {
 		for _, c := range suite.Cases {
 			name := specName(c.Name)
@@ -88,7 +91,6 @@ func ParseJUnit(r io.Reader) (Outcome, error) {
 				} else if ok {
 					o.Skipped[name] = why
 				} else {
-					o.Filtered++
 					o.Unstarted = append(o.Unstarted, name)
 				}
 			case c.Status == "passed" || c.Status == "":
@@ -104,14 +106,23 @@ func ParseJUnit(r io.Reader) (Outcome, error) {
 	return o, nil
 }
 
-// CountNotRun moves the specs the rules select but the report shows as
-// never started (ginkgo reports those of an interrupted run as bare
-// "skipped", like the filtered ones) from Filtered to NotRun.
-func (o *Outcome) CountNotRun(l List) {
+// Classify sorts the specs the report shows as bare "skipped" by the
+// rules: those a skip rule of skip.txt removes (SkipListed, with the
+// rule), those no focus rule selects (OutOfFocus), and those the rules
+// select that never started, as in an interrupted run (NotRun). Ginkgo
+// reports all three the same way. Call it once per Outcome.
+func (o *Outcome) Classify(l List) {
+	if o.SkipListed == nil {
+		o.SkipListed = map[string]string{}
+	}
 	for _, n := range o.Unstarted {
-		if run, _ := l.Selected(n); run {
+		switch run, by := l.Selected(n); {
+		case run:
 			o.NotRun++
-			o.Filtered--
+		case by != nil:
+			o.SkipListed[n] = fmt.Sprintf("skip.txt:%d: %s", by.Line, by.Reason)
+		default:
+			o.OutOfFocus++
 		}
 	}
 }

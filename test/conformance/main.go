@@ -1,6 +1,7 @@
 // Command conformance runs Kubernetes' own e2e Service tests (e2e.test
 // v1.37.2 through ginkgo) on the real node of test/node/cluster, once per
-// proxy, and prints one table (`make conformance`, docs/conformance.md):
+// proxy, prints one table and writes each proxy's summary to
+// docs/conformance/<proxy>.json (`make conformance`, docs/conformance.md):
 //
 //	steelyard-iptables   steelyard from manifests/, MODE=iptables
 //	steelyard-nftables   steelyard from manifests/, MODE=nftables
@@ -11,6 +12,11 @@
 // the node's LAN ("outside the node", like the host of a kind cluster),
 // with --provider=local and a kubeconfig for the API server's address on
 // the node. Focus and skip come from skip.txt, one reason per rule.
+//
+// It exits non-zero when a proxy's run did not complete, or when a
+// selected spec failed, was interrupted or never ran for a steelyard
+// proxy; kube-proxy's failures are reported, not fatal (it is the
+// reference).
 package main
 
 import (
@@ -34,6 +40,7 @@ import (
 	"time"
 
 	"github.com/steelyard-net/steelyard/test/node/cluster"
+	"github.com/steelyard-net/steelyard/test/runinfo"
 	"github.com/steelyard-net/steelyard/test/sandbox"
 )
 
@@ -47,7 +54,7 @@ var extraControllers = []string{"replicationcontroller-controller", "endpoints-c
 
 type config struct {
 	imagesDir,
-	e2eDir, skipFile, manifests, out, focus string
+	e2eDir, skipFile, manifests, out, focus, summaryDir string
 	proxies  []string
 	nodes    int
 	timeout  time.Duration
@@ -67,6 +74,7 @@ func main() {
 	flag.IntVar(&cfg.nodes, "nodes", 4, "ginkgo parallel processes")
 	flag.BoolVar(&cfg.parallel, "parallel", false, "run the proxies at the same time, a node each (faster; wall times then include the contention)")
 	flag.DurationVar(&cfg.timeout, "timeout", 90*time.Minute, "ginkgo's timeout per proxy")
+	flag.StringVar(&cfg.summaryDir, "summary-dir", "", "where each proxy's summary (<proxy>.json) is written (default docs/conformance, the committed record; with --focus, the results directory)")
 	report := flag.String("report", "", "print the table of an earlier run's results directory and exit")
 	flag.Parse()
 	if *report != "" {
@@ -89,6 +97,13 @@ func main() {
 	}
 	if cfg.out == "" {
 		cfg.out = fmt.Sprintf("/tmp/steelyard-conformance-%d", os.Getpid())
+	}
+	if cfg.summaryDir == "" {
+		// A narrow run must not replace the committed record of a full one.
+		cfg.summaryDir = "docs/conformance"
+		if cfg.focus != "" {
+			cfg.summaryDir = cfg.out
+		}
 	}
 	if err := run(cfg); err != nil {
 		log.Fatalf("conformance: %v", err)
@@ -178,10 +193,23 @@ func run(cfg config) error {
 	table := render(results, rules, e2e, ginkgo)
 	fmt.Print(table)
 	_ = os.WriteFile(filepath.Join(cfg.out, "table.txt"), []byte(table), 0o644)
+	run := Summary{
+		Commit: runinfo.Commit(), Date: runinfo.Date(), LoadAvg: runinfo.LoadAvg(),
+		E2E: version(e2e, "--version"), Ginkgo: version(ginkgo, "version"),
+		Nodes: 1, Processes: cfg.nodes, Focus: cfg.focus,
+	}
 	for _, r := range results {
 		if r.err != nil {
-			return fmt.Errorf("%s did not complete: %v", r.proxy, r.err)
+			continue // no complete report: nothing to commit
 		}
+		p, err := writeSummary(cfg.summaryDir, summarize(r, rules, run))
+		if err != nil {
+			return err
+		}
+		log.Printf("conformance: %s: summary %s (make docs renders the tables from it)", r.proxy, p)
+	}
+	if why := verdict(results); why != "" {
+		return errors.New(why)
 	}
 	return nil
 }
@@ -208,7 +236,7 @@ func rerender(dir string, cfg config) error {
 		if err != nil {
 			return err
 		}
-		o.CountNotRun(rules)
+		o.Classify(rules)
 		r := result{Outcome: o, proxy: p, wall: time.Duration(o.Seconds * float64(time.Second))}
 		if b, err := os.ReadFile(filepath.Join(dir, p, "wall.txt")); err == nil {
 			if d, err := time.ParseDuration(strings.TrimSpace(string(b))); err == nil {
@@ -326,7 +354,7 @@ func runProxy(ctx context.Context, cfg config, rules List, proxy, e2e, ginkgo st
 	if r.Outcome, err = ParseJUnit(jf); err != nil {
 		return r, err
 	}
-	r.CountNotRun(rules)
+	r.Classify(rules)
 	_ = os.WriteFile(filepath.Join(dir, "wall.txt"), []byte(r.wall.String()+"\n"), 0o644)
 	// ginkgo exits non-zero when a spec fails: that is a result, not an
 	// error of the harness.
@@ -419,13 +447,13 @@ func render(results []result, rules List, e2e, ginkgo string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nKubernetes e2e Service tests, %s, e2e.test %s, ginkgo %s, one node\n", time.Now().UTC().Format("2006-01-02"), version(e2e, "--version"), version(ginkgo, "version"))
 	fmt.Fprintf(&b, "focus: %d rules, skip: %d rules (%s)\n\n", len(rules.Focus), len(rules.Skip), "test/conformance/skip.txt")
-	fmt.Fprintf(&b, "| proxy | passed | failed | skipped | not run (time-boxed) | wall time |\n|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| proxy | passed | failed | skipped by the test | filtered by skip.txt | not run (time-boxed) | wall time |\n|---|---|---|---|---|---|---|\n")
 	for _, r := range results {
 		wall := r.wall.Round(time.Second).String()
 		if r.err != nil {
 			wall += " (" + firstLine(r.err.Error()) + ")"
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %s |\n", r.proxy, len(r.Passed), len(r.Failed), len(r.Skipped), len(r.Interrupted)+r.NotRun, wall)
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %s |\n", r.proxy, len(r.Passed), len(r.Failed), len(r.Skipped), len(r.SkipListed), len(r.Interrupted)+r.NotRun, wall)
 	}
 	why := map[string]int{}
 	for _, r := range results {
@@ -442,6 +470,23 @@ func render(results []result, rules List, e2e, ginkgo string) string {
 		sort.Strings(ws)
 		for _, w := range ws {
 			fmt.Fprintf(&b, "  %d x %s\n", why[w], w)
+		}
+	}
+	rule := map[string]int{}
+	for _, r := range results {
+		for _, w := range r.SkipListed {
+			rule[w]++
+		}
+	}
+	if len(rule) > 0 {
+		fmt.Fprintf(&b, "\nfiltered by skip.txt (all proxies):\n")
+		var ws []string
+		for w := range rule {
+			ws = append(ws, w)
+		}
+		sort.Strings(ws)
+		for _, w := range ws {
+			fmt.Fprintf(&b, "  %d x %s\n", rule[w], w)
 		}
 	}
 	var ref *result

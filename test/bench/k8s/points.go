@@ -3,9 +3,9 @@ package main
 import (
 	"encoding/json"
 	"os"
-	"strings"
 
 	"github.com/steelyard-net/steelyard/test/bench/scale/point"
+	"github.com/steelyard-net/steelyard/test/runinfo"
 )
 
 // toPoint is r as one point of scale-plot's growth figure: the first full
@@ -26,7 +26,9 @@ func toPoint(cfg *config, r result) (p point.Result, ok bool) {
 		Endpoints: cfg.endpoints,
 		First:     r.firstSync.Seconds(),
 		RSSMiB:    float64(r.rssKiB) / 1024,
-		LoadAvg:   strings.Fields(loadAvg() + " ?")[0],
+		LoadAvg:   runinfo.LoadAvg(),
+		Commit:    runinfo.Commit(),
+		Date:      runinfo.Date(),
 	}
 	if r.cpuMeasured {
 		p.FirstCPU = r.cpuSync

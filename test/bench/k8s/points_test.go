@@ -55,6 +55,10 @@ func TestAppendPoint(t *testing.T) {
 		p.FirstCPU != 13.5 || p.ChangeP50 != 0.050 || p.ChangeP99 != 0.099 {
 		t.Errorf("point %+v", p)
 	}
+	// Every new point names its run: the commit (or "unknown"), the date.
+	if p.Commit == "" || p.Date == "" {
+		t.Errorf("point without commit or date: %+v", p)
+	}
 	if got[1].Dataplane != "steelyard (iptables) legacy (API server)" || got[1].ChangeP99 != 0 {
 		t.Errorf("point %+v", got[1])
 	}

@@ -48,6 +48,7 @@ import (
 
 	"github.com/steelyard-net/steelyard/test/bench/node/result"
 	"github.com/steelyard-net/steelyard/test/node/cluster"
+	"github.com/steelyard-net/steelyard/test/runinfo"
 	"github.com/steelyard-net/steelyard/test/sandbox"
 )
 
@@ -107,7 +108,7 @@ type bench struct {
 
 func run(manifests string, rate int, probe string, probeP99, duration, timeout time.Duration, modes, phases []string) (*result.Report, error) {
 	ctx := context.Background()
-	rep := &result.Report{Date: time.Now().UTC().Format(time.RFC3339), CPUs: runtime.NumCPU(), Seconds: duration.Seconds(), Bucket: bucket.Seconds(), PreStopSeconds: cluster.NetexecPreStopSeconds}
+	rep := &result.Report{Date: runinfo.Date(), Commit: runinfo.Commit(), CPUs: runtime.NumCPU(), Seconds: duration.Seconds(), Bucket: bucket.Seconds(), PreStopSeconds: cluster.NetexecPreStopSeconds}
 	c, err := cluster.Start(ctx, cluster.Options{Logf: log.Printf})
 	if err != nil {
 		return nil, err

@@ -16,7 +16,6 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
-	"strings"
 	"syscall"
 	"time"
 
@@ -26,6 +25,7 @@ import (
 	"github.com/steelyard-net/steelyard/dataplane/iptables"
 	"github.com/steelyard-net/steelyard/dataplane/nftables"
 	"github.com/steelyard-net/steelyard/test/bench/scale/point"
+	"github.com/steelyard-net/steelyard/test/runinfo"
 )
 
 // cpu returns the CPU seconds used so far by this process and its waited-for
@@ -173,9 +173,7 @@ func main() {
 		return cmd.Run()
 	})
 	r.ListCPU = lastCPU
-	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-		r.LoadAvg, _, _ = strings.Cut(string(b), " ")
-	}
+	r.LoadAvg = runinfo.LoadAvg()
 	if err := p.Cleanup(); err != nil {
 		fail(err)
 	}
@@ -188,9 +186,10 @@ func printResult(r point.Result) {
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
 		r.RSSMiB = float64(ru.Maxrss) / 1024
 	}
-	if b, err := os.ReadFile("/proc/loadavg"); err == nil && r.LoadAvg == "" {
-		r.LoadAvg, _, _ = strings.Cut(string(b), " ")
+	if r.LoadAvg == "" {
+		r.LoadAvg = runinfo.LoadAvg()
 	}
+	r.Commit, r.Date = runinfo.Commit(), runinfo.Date()
 	if err := json.NewEncoder(os.Stdout).Encode(r); err != nil {
 		fail(err)
 	}

@@ -8,6 +8,9 @@ package result
 type Report struct {
 	// Date is when the benchmark started (RFC 3339, UTC).
 	Date string `json:"date"`
+	// Commit is the commit node-bench was built from (runinfo.Commit;
+	// absent in reports from before 2026-12-04).
+	Commit string `json:"commit,omitempty"`
 	// CPUs is the machine's CPU count; other work on it shows in LoadAvg.
 	CPUs int `json:"cpus"`
 	// Rate is the constant request rate of every run (requests/s).

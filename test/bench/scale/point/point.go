@@ -42,6 +42,14 @@ type Result struct {
 	// until the kernel holds it, p50 and p99 of the run's changes.
 	ChangeP50 float64 `json:"change_kernel_p50_s,omitempty"`
 	ChangeP99 float64 `json:"change_kernel_p99_s,omitempty"`
-	// LoadAvg is the 1-minute load average at the end of the run.
+	// LoadAvg is the load average at the end of the run: the 1-minute
+	// figure in older points, the 1, 5 and 15 minute ones since points
+	// carry Commit and Date.
 	LoadAvg string `json:"loadavg"`
+	// Commit is the commit the benchmark was built from (runinfo.Commit,
+	// "-dirty" when the tree had changes); Date is when the point was
+	// measured (RFC 3339, UTC). Points from before 2026-12-04 have
+	// neither: test/docsgen prints "commit unknown" for them.
+	Commit string `json:"commit,omitempty"`
+	Date   string `json:"date,omitempty"`
 }

@@ -1,0 +1,379 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/steelyard-net/steelyard/test/bench/node/result"
+	"github.com/steelyard-net/steelyard/test/bench/scale/point"
+	"github.com/steelyard-net/steelyard/test/conformance/summary"
+)
+
+// The committed data each table is rendered from, relative to the
+// repository root.
+const (
+	benchK8s      = "docs/bench-k8s.jsonl"
+	benchScale    = "docs/bench-scale.jsonl"
+	benchNode     = "docs/bench-node.json"
+	gatewayGlob   = "docs/gateway-conformance-report*.yaml"
+	conformanceGl = "docs/conformance/*.json"
+)
+
+// renderer renders one named region. root is the repository, dir the
+// directory of the file the region is in (links are relative to it), file
+// that file's path.
+type renderer func(root, dir, file string) ([]string, error)
+
+// renderers are the region names docsgen knows.
+var renderers = map[string]renderer{
+	"bench-k8s":           renderBenchK8s,
+	"bench-scale":         renderBenchScale,
+	"bench-node":          renderBenchNode,
+	"gateway-conformance": renderGateway,
+	"conformance":         renderConformance,
+}
+
+// link is a markdown link to the repository path p from dir.
+func link(root, dir, p string) string {
+	rel, err := filepath.Rel(dir, filepath.Join(root, p))
+	if err != nil {
+		rel = p
+	}
+	return fmt.Sprintf("[%s](%s)", p, filepath.ToSlash(rel))
+}
+
+// run names the run a point came from; old points have no commit.
+func run(commit, date string) string {
+	if commit == "" {
+		commit = "commit unknown"
+	}
+	if d, _, ok := strings.Cut(date, "T"); ok {
+		date = d
+	}
+	if date == "" {
+		return commit
+	}
+	return commit + ", " + date
+}
+
+// load prints a load average, "not recorded" when there is none.
+func load(l string) string {
+	if strings.TrimSpace(l) == "" {
+		return "not recorded"
+	}
+	return l
+}
+
+// dur prints seconds with three significant figures (two below 1 ms), in
+// ms below one second.
+func dur(s float64) string {
+	switch x := s * 1000; {
+	case s <= 0:
+		return "-"
+	case x < 10:
+		return fmt.Sprintf("%.2f ms", x)
+	case x < 100:
+		return fmt.Sprintf("%.1f ms", x)
+	case s < 1:
+		return fmt.Sprintf("%.0f ms", x)
+	case s < 10:
+		return fmt.Sprintf("%.2f s", s)
+	case s < 100:
+		return fmt.Sprintf("%.1f s", s)
+	default:
+		return fmt.Sprintf("%.0f s", s)
+	}
+}
+
+// ms prints milliseconds as dur does.
+func ms(v float64) string { return dur(v / 1000) }
+
+// withCPU is a wall time and its CPU seconds in brackets.
+func withCPU(wall, cpu float64) string {
+	if wall <= 0 {
+		return "-"
+	}
+	if cpu <= 0 {
+		return dur(wall)
+	}
+	f := "%.4f"
+	switch {
+	case cpu >= 10:
+		f = "%.1f"
+	case cpu >= 1:
+		f = "%.2f"
+	case cpu >= 0.01:
+		f = "%.3f"
+	}
+	return fmt.Sprintf("%s ("+f+" CPU-s)", dur(wall), cpu)
+}
+
+// count prints n with thousands separators.
+func count(n int) string {
+	s := fmt.Sprint(n)
+	if n < 0 {
+		return s
+	}
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
+
+func mib(v float64) string { return fmt.Sprintf("%.0f MiB", math.Round(v)) }
+
+// readPoints reads a jsonl file of point.Result, one a line, and keeps
+// the last point of each dataplane, size and endpoint count, in the
+// order of their first appearance sorted by size (as scale-plot does).
+func readPoints(path string) ([]point.Result, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	type key struct {
+		dp      string
+		svc, ep int
+	}
+	idx := map[key]int{}
+	var out []point.Result
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	n := 0
+	for sc.Scan() {
+		n++
+		if strings.TrimSpace(sc.Text()) == "" {
+			continue
+		}
+		var p point.Result
+		if err := json.Unmarshal(sc.Bytes(), &p); err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", path, n, err)
+		}
+		k := key{p.Dataplane, p.Services, p.Endpoints}
+		if i, ok := idx[k]; ok {
+			out[i] = p
+			continue
+		}
+		idx[k] = len(out)
+		out = append(out, p)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s: no points", path)
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Services < out[j].Services })
+	return out, nil
+}
+
+func renderBenchK8s(root, dir, file string) ([]string, error) {
+	ps, err := readPoints(filepath.Join(root, benchK8s))
+	if err != nil {
+		return nil, err
+	}
+	out := []string{
+		"| Services x endpoints | proxy | first sync | change -> kernel p50 / p99 | peak RSS | load | run |",
+		"|---|---|---|---|---|---|---|",
+	}
+	for _, p := range ps {
+		out = append(out, fmt.Sprintf("| %s x %d | %s | %s | %s / %s | %s | %s | %s |",
+			count(p.Services), p.Endpoints, strings.TrimSuffix(p.Dataplane, " (API server)"),
+			withCPU(p.First, p.FirstCPU), dur(p.ChangeP50), dur(p.ChangeP99), mib(p.RSSMiB), load(p.LoadAvg), run(p.Commit, p.Date)))
+	}
+	return append(out, "",
+		fmt.Sprintf("Generated by `make docs` from %s (`make bench-k8s`; the last point of each proxy and size): CPU seconds of the first sync in brackets, load average at the end of the point's run.", link(root, dir, benchK8s))), nil
+}
+
+func renderBenchScale(root, dir, file string) ([]string, error) {
+	ps, err := readPoints(filepath.Join(root, benchScale))
+	if err != nil {
+		return nil, err
+	}
+	sort.SliceStable(ps, func(i, j int) bool { return ps[i].Dataplane < ps[j].Dataplane })
+	out := []string{
+		"| dataplane | Services x endpoints | first sync | partial sync, one weight | full resync, nothing changed | explain | list the ruleset | peak RSS | load | run |",
+		"|---|---|---|---|---|---|---|---|---|---|",
+	}
+	for _, p := range ps {
+		out = append(out, fmt.Sprintf("| %s | %s x %d | %s | %s | %s | %s | %s | %s | %s | %s |",
+			p.Dataplane, count(p.Services), p.Endpoints, withCPU(p.First, p.FirstCPU), withCPU(p.Partial, p.PartialCPU),
+			dur(p.Full), withCPU(p.Explain, p.ExplainCPU), dur(p.List), mib(p.RSSMiB), load(p.LoadAvg), run(p.Commit, p.Date)))
+	}
+	return append(out, "",
+		fmt.Sprintf("Generated by `make docs` from %s (`make bench`, scripts/bench-scale.sh; the dataplane alone in a namespace, no API server): CPU seconds in brackets, load average at the end of the point's run.", link(root, dir, benchScale))), nil
+}
+
+func renderBenchNode(root, dir, file string) ([]string, error) {
+	b, err := os.ReadFile(filepath.Join(root, benchNode))
+	if err != nil {
+		return nil, err
+	}
+	var r result.Report
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("%s: %w", benchNode, err)
+	}
+	if len(r.Runs) == 0 {
+		return nil, fmt.Errorf("%s: no runs", benchNode)
+	}
+	out := []string{
+		fmt.Sprintf("Generated by `make docs` from %s (%s, %s): %s requests/s for %.0f s a run, %d CPUs; churn scales the backends 5 <-> 7.", link(root, dir, benchNode), run(r.Commit, ""), r.Date, count(r.Rate), r.Seconds, r.CPUs),
+		"",
+		"| upstreams | run | requests | errors | reloads | p50 | p99 | p99.9 | max | load (1 / 5 / 15 min) |",
+		"|---|---|---|---|---|---|---|---|---|---|",
+	}
+	for _, x := range r.Runs {
+		out = append(out, fmt.Sprintf("| %s | %s | %s | %s | %d | %s | %s | %s | %s | %s |",
+			x.Upstreams, x.Phase, count(x.Requests), count(x.Errors), x.Reloads, ms(x.P50), ms(x.P99), ms(x.P999), ms(x.Max), load(x.LoadAvg)))
+	}
+	return out, nil
+}
+
+// gatewayReport is the part of a Gateway API ConformanceReport read here.
+type gatewayReport struct {
+	Date           string `json:"date"`
+	Version        string `json:"gatewayAPIVersion"`
+	Implementation struct {
+		Version string `json:"version"`
+	} `json:"implementation"`
+	Profiles []struct {
+		Name     string         `json:"name"`
+		Core     *gatewayResult `json:"core"`
+		Extended *gatewayResult `json:"extended"`
+	} `json:"profiles"`
+}
+
+type gatewayResult struct {
+	Result     string `json:"result"`
+	Statistics struct {
+		Passed, Failed, Skipped int
+	} `json:"statistics"`
+	SupportedFeatures []string `json:"supportedFeatures"`
+}
+
+func (g *gatewayResult) String() string {
+	if g == nil {
+		return "-"
+	}
+	s := fmt.Sprintf("%d / %d / %d", g.Statistics.Passed, g.Statistics.Failed, g.Statistics.Skipped)
+	if n := len(g.SupportedFeatures); n > 0 {
+		s += fmt.Sprintf(" (%d features)", n)
+	}
+	return s
+}
+
+func renderGateway(root, dir, file string) ([]string, error) {
+	files, err := filepath.Glob(filepath.Join(root, gatewayGlob))
+	if err != nil {
+		return nil, err
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("no %s", gatewayGlob)
+	}
+	sort.Strings(files)
+	out := []string{
+		"| report | profile | core passed / failed / skipped | extended passed / failed / skipped | Gateway API | run |",
+		"|---|---|---|---|---|---|",
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		var r gatewayReport
+		if err := yaml.Unmarshal(b, &r); err != nil {
+			return nil, fmt.Errorf("%s: %w", f, err)
+		}
+		rel, _ := filepath.Rel(root, f)
+		for _, p := range r.Profiles {
+			out = append(out, fmt.Sprintf("| %s | %s | %s | %s | %s | %s |",
+				link(root, dir, filepath.ToSlash(rel)), p.Name, p.Core, p.Extended, r.Version, run(r.Implementation.Version, r.Date)))
+		}
+	}
+	return append(out, "", "Generated by `make docs` from the committed reports of `make gateway-conformance` (the run's commit is the report's implementation version)."), nil
+}
+
+// proxyOrder puts steelyard's modes first and kube-proxy after them.
+func proxyOrder(p string) string {
+	if strings.HasPrefix(p, "steelyard") {
+		return "0" + p
+	}
+	return "1" + p
+}
+
+func renderConformance(root, dir, file string) ([]string, error) {
+	files, err := filepath.Glob(filepath.Join(root, conformanceGl))
+	if err != nil {
+		return nil, err
+	}
+	if len(files) == 0 {
+		where := "; " + link(root, dir, "docs/conformance.md") + " has the method and what earlier runs found"
+		if filepath.Base(file) == "conformance.md" {
+			where = ""
+		}
+		return []string{"No committed run exists: there is no summary under docs/conformance/ yet, so no table here. `make conformance` writes one per proxy and `make docs` renders it" + where + "."}, nil
+	}
+	var sums []summary.Summary
+	for _, f := range files {
+		s, err := summary.Read(f)
+		if err != nil {
+			return nil, err
+		}
+		sums = append(sums, s)
+	}
+	sort.Slice(sums, func(i, j int) bool { return proxyOrder(sums[i].Proxy) < proxyOrder(sums[j].Proxy) })
+	out := []string{
+		"| proxy | passed | failed | skipped by the test | filtered by skip.txt | not run | wall time | nodes | run | load |",
+		"|---|---|---|---|---|---|---|---|---|---|",
+	}
+	refPassed := map[string]bool{}
+	haveRef := false
+	for _, s := range sums {
+		if s.Proxy == "kube-proxy" {
+			haveRef = true
+			for _, sp := range s.Specs {
+				if sp.Result == summary.Passed {
+					refPassed[sp.Name] = true
+				}
+			}
+		}
+	}
+	var worse []string
+	for _, s := range sums {
+		n := s.Counts()
+		for _, sp := range s.Specs {
+			if sp.Result == summary.Failed && strings.HasPrefix(s.Proxy, "steelyard") && refPassed[sp.Name] {
+				worse = append(worse, s.Proxy+": "+sp.Name)
+			}
+		}
+		name := s.Proxy
+		if s.Focus != "" {
+			name += fmt.Sprintf(" (--focus %q)", s.Focus)
+		}
+		out = append(out, fmt.Sprintf("| %s | %d | %d | %d | %d | %d | %s | %d | %s | %s |",
+			name, n[summary.Passed], n[summary.Failed], n[summary.SkippedRun], n[summary.SkipListed], n[summary.NotRun]+n[summary.Incomplete],
+			dur(s.WallSeconds), s.Nodes, run(s.Commit, s.Date), load(s.LoadAvg)))
+	}
+	out = append(out, "")
+	if haveRef {
+		if len(worse) == 0 {
+			out = append(out, "Failed for steelyard and passed for kube-proxy: none.")
+		} else {
+			out = append(out, fmt.Sprintf("Failed for steelyard and passed for kube-proxy: %d.", len(worse)))
+			for _, w := range worse {
+				out = append(out, "- "+w)
+			}
+		}
+		out = append(out, "")
+	}
+	return append(out, fmt.Sprintf("Generated by `make docs` from %s (`make conformance`, one file per proxy, every selected spec with its result).",
+		"docs/conformance/*.json")), nil
+}
