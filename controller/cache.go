@@ -83,6 +83,9 @@ type builtService struct {
 type orderKey struct {
 	prefix string // "namespace/name:"
 	name   types.NamespacedName
+	// built is built[name], so that assembling needs no map lookup (two
+	// per Service were 40% of an Update at 10,000 Services).
+	built *builtService
 }
 
 func newCache() builderCache {
@@ -344,7 +347,7 @@ func (b *Builder) rebuildAll() {
 	b.dupVIPs = 0
 	for n := range b.services {
 		if nb := b.build1(n); len(nb.ports) > 0 {
-			b.order = append(b.order, orderKey{prefix: n.Namespace + "/" + n.Name + ":", name: n})
+			b.order = append(b.order, orderKey{prefix: n.Namespace + "/" + n.Name + ":", name: n, built: nb})
 		}
 	}
 	sort.Slice(b.order, func(i, j int) bool { return b.order[i].prefix < b.order[j].prefix })
@@ -367,8 +370,8 @@ func (b *Builder) rebuild(n types.NamespacedName) *builtService {
 	if b.services[n] != nil {
 		nb = b.build1(n)
 	}
-	if had, has := old != nil && len(old.ports) > 0, nb != nil && len(nb.ports) > 0; had != has {
-		b.setOrder(n, has)
+	if had, has := old != nil && len(old.ports) > 0, nb != nil && len(nb.ports) > 0; had || has {
+		b.setOrder(n, nb, has)
 	}
 	return nb
 }
@@ -403,16 +406,18 @@ func (b *Builder) countVIP(v dataplane.VIP, d int) {
 	}
 }
 
-// setOrder inserts or removes n in order (binary search: the memmove of
-// 10,000 keys costs far less than sorting them).
-func (b *Builder) setOrder(n types.NamespacedName, present bool) {
-	k := orderKey{prefix: n.Namespace + "/" + n.Name + ":", name: n}
+// setOrder inserts, updates or removes n in order (binary search: the
+// memmove of 10,000 keys costs far less than sorting them).
+func (b *Builder) setOrder(n types.NamespacedName, bs *builtService, present bool) {
+	k := orderKey{prefix: n.Namespace + "/" + n.Name + ":", name: n, built: bs}
 	i := sort.Search(len(b.order), func(i int) bool { return b.order[i].prefix >= k.prefix })
 	found := i < len(b.order) && b.order[i].prefix == k.prefix
 	switch {
-	case present && !found:
+	case present && found:
+		b.order[i] = k
+	case present:
 		b.order = slices.Insert(b.order, i, k)
-	case !present && found:
+	case found:
 		b.order = slices.Delete(b.order, i, i+1)
 	}
 }
@@ -430,12 +435,16 @@ func (b *Builder) buildListeners() {
 func (b *Builder) assemble() (dataplane.State, []Problem) {
 	total := len(b.listeners)
 	for _, k := range b.order {
-		total += len(b.built[k.name].ports)
+		total += len(k.built.ports)
 	}
 	out := make([]dataplane.ServicePort, 0, total)
 	li := 0
 	for _, k := range b.order {
-		for _, sp := range b.built[k.name].ports {
+		if len(b.listeners) == li {
+			out = append(out, k.built.ports...)
+			continue
+		}
+		for _, sp := range k.built.ports {
 			// A listener sorts before this port only when strictly less:
 			// a full sort is stable, with Services first.
 			for li < len(b.listeners) && portLess(&b.listeners[li], &sp) {
