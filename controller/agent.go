@@ -362,7 +362,13 @@ func (a *Agent) observe(state dataplane.State, drained Drained, full bool, start
 	m.LastSyncTimestamp.Set(float64(now.UnixNano()) / 1e9)
 	endpoints := 0
 	for i := range state.Services {
-		endpoints += len(state.Services[i].Active())
+		// Counted in place: Active copies and sorts, 10,000 allocations
+		// a sync at 10,000 Services.
+		for _, b := range state.Services[i].Backends {
+			if b.Weight > 0 {
+				endpoints++
+			}
+		}
 	}
 	m.ProgrammedServices.Set(float64(len(state.Services)))
 	m.ProgrammedEndpoints.Set(float64(endpoints))

@@ -137,18 +137,13 @@ func (b *Builder) SetRoutes(r Routes) {
 	}
 }
 
-// Services returns the Services the Builder holds, for a RouteSource.
+// Services returns the Services the Builder holds, in no order (as a
+// lister gives them), for a RouteSource.
 func (b *Builder) Services() []*corev1.Service {
 	out := make([]*corev1.Service, 0, len(b.services))
 	for _, si := range b.services {
 		out = append(out, si.svc)
 	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Namespace != out[j].Namespace {
-			return out[i].Namespace < out[j].Namespace
-		}
-		return out[i].Name < out[j].Name
-	})
 	return out
 }
 
