@@ -30,7 +30,9 @@ type Snapshot interface {
 type Agent struct {
 	Source Snapshot
 	// Tracker, when the source has one, is drained at the start of each
-	// sync: events after that point trigger the next sync.
+	// sync: events after that point trigger the next sync. Between full
+	// syncs its changes are all the Builder sees (Builder.Update), so it
+	// must see every event of the Source's objects.
 	Tracker   *ChangeTracker
 	Builder   *Builder
 	Dataplane dataplane.Dataplane
