@@ -30,7 +30,9 @@ type Snapshot interface {
 type Agent struct {
 	Source Snapshot
 	// Tracker, when the source has one, is drained at the start of each
-	// sync: events after that point trigger the next sync.
+	// sync: events after that point trigger the next sync. Between full
+	// syncs its changes are all the Builder sees (Builder.Update), so it
+	// must see every event of the Source's objects.
 	Tracker   *ChangeTracker
 	Builder   *Builder
 	Dataplane dataplane.Dataplane
@@ -65,9 +67,11 @@ type Agent struct {
 
 	lastFull      time.Time
 	retryTriggers []time.Time
-	lastServices  map[string]*corev1.Service
-	problems      map[string]bool
-	inputs        map[string]bool
+	// loaded is set once the Builder holds the source's objects (a Load):
+	// from then on the tracker's changes keep it current (Update).
+	loaded   bool
+	problems map[string]bool
+	inputs   map[string]bool
 	// applied is the last State a Sync applied (for Conntrack), nil
 	// before the first successful sync.
 	applied *dataplane.State
@@ -126,10 +130,10 @@ func (a *Agent) Sync() error {
 	}
 	full := a.lastFull.IsZero() || clk.Since(a.lastFull) >= a.FullSyncPeriod
 	var (
-		state  dataplane.State
-		svcs   []*corev1.Service
-		routed map[dataplane.ServiceName]bool
-		bad    int
+		state   dataplane.State
+		routed  map[dataplane.ServiceName]bool
+		changes map[dataplane.ServiceName]bool
+		bad     int
 	)
 	if a.unchanged(drained, nodeChanged, full) {
 		// Nothing the Builder reads changed since the last successful
@@ -139,29 +143,31 @@ func (a *Agent) Sync() error {
 		// (BenchmarkBuild10kx10), which made such a sync take 0.5-1.6 s
 		// in bench-k8s; now it costs what the dataplane's check does.
 		state, bad = *a.last, a.lastBad
+		changes = map[dataplane.ServiceName]bool{}
 	} else {
-		// The Build makes a new State: let the last one go first, or
-		// both are live at once (about 20 MB each at 10,000 Services x
-		// 10 endpoints; the agent's peak of memory was the Build of a
-		// partial sync). A failed sync leaves it nil: the next is full.
+		// A Build makes a new State: let the last one go first, or both
+		// are live at once (the agent's peak of memory was the Build of
+		// a partial sync). A failed sync leaves it nil: the next is full.
 		a.last = nil
-		state, svcs, routed, bad = a.load()
+		// A full sync, the first and a node change list every object
+		// and build every Service (the repair path); other syncs fold
+		// the tracker's changes into the Builder, which rebuilds only
+		// the Services they touch and says which ones changed.
+		rebuild := a.Tracker == nil || !a.loaded || full || nodeChanged
+		state, routed, changes, bad = a.build(drained, rebuild)
 	}
 	built := clk.Now()
 	req := dataplane.SyncRequest{Full: full}
-	if a.Tracker != nil {
-		req.Changed = changedServices(drained, svcs)
-		// Route changes do not pass through the Service tracker, and a
-		// route's ports follow its backend Services: the few ports that
-		// routes make (now or at the last sync) are always looked at.
+	if a.Tracker != nil && changes != nil && !nodeChanged {
+		req.Changed = changes
+		// A route's listener ports are built on every sync: the few
+		// ports that routes make (now or at the last sync) are always
+		// looked at.
 		for n := range routed {
 			req.Changed[n] = true
 		}
 		for n := range a.lastRouted {
 			req.Changed[n] = true
-		}
-		if nodeChanged {
-			req.Changed = nil // unknown: every port may differ
 		}
 	}
 	res, err := a.Dataplane.Sync(state, req)
@@ -223,27 +229,37 @@ func oldestTrigger(ts []time.Time) (time.Time, bool) {
 	return oldest, true
 }
 
-// load reads the source and builds the desired state: every Service, the
-// work a sync does before the dataplane. bad counts the problems and input
-// errors (the InvalidAnnotations gauge).
-func (a *Agent) load() (state dataplane.State, svcs []*corev1.Service, routed map[dataplane.ServiceName]bool, bad int) {
+// build gives the desired state: with rebuild, from every object of the
+// source (Build); otherwise from the drained changes (Update), with the
+// Services whose ports changed (nil: unknown, every port may differ). bad
+// counts the problems and input errors (the InvalidAnnotations gauge).
+func (a *Agent) build(drained Drained, rebuild bool) (state dataplane.State, routed map[dataplane.ServiceName]bool, changed map[dataplane.ServiceName]bool, bad int) {
+	var svcs []*corev1.Service
 	var slices []*discoveryv1.EndpointSlice
-	var errs []error
-	svcs, slices, errs = a.Source.Load()
-	if a.Events != nil {
-		a.lastServices = make(map[string]*corev1.Service, len(svcs))
-		for _, s := range svcs {
-			a.lastServices[s.Namespace+"/"+s.Name] = s
-		}
+	inputErrs := len(a.inputs)
+	if rebuild {
+		var errs []error
+		svcs, slices, errs = a.Source.Load()
+		a.inputs = reportChanges(a.inputs, errorStrings(errs), "input error", "input error resolved")
+		inputErrs = len(errs)
+		// The objects drained at the start of this sync are in the list;
+		// changes after it reach the next sync through the tracker.
+		a.loaded = true
 	}
-	a.inputs = reportChanges(a.inputs, errorStrings(errs), "input error", "input error resolved")
 	if a.Routes != nil {
+		if !rebuild {
+			svcs = a.Builder.Services()
+		}
 		routes := a.Routes.Routes(svcs)
 		a.Builder.SetRoutes(routes)
 		routed = routes.serviceNames()
 	}
 	var problems []Problem
-	state, problems = a.Builder.Build(svcs, slices)
+	if rebuild {
+		state, problems = a.Builder.Build(svcs, slices)
+	} else {
+		state, problems, changed = a.Builder.Update(drained.Objects)
+	}
 	ps := make([]string, 0, len(problems))
 	for _, p := range problems {
 		ps = append(ps, p.Error())
@@ -257,7 +273,7 @@ func (a *Agent) load() (state dataplane.State, svcs []*corev1.Service, routed ma
 			}
 		}
 	}
-	return state, svcs, routed, len(problems) + len(errs)
+	return state, routed, changed, len(problems) + inputErrs
 }
 
 // unchanged reports whether a sync may reuse the last successful sync's
@@ -266,42 +282,7 @@ func (a *Agent) load() (state dataplane.State, svcs []*corev1.Service, routed ma
 // that succeeded (a failure makes the next sync full).
 func (a *Agent) unchanged(drained Drained, nodeChanged, full bool) bool {
 	return a.last != nil && !full && a.Tracker != nil && a.Routes == nil && !nodeChanged &&
-		len(drained.Services) == 0 && len(drained.Triggers) == 0
-}
-
-// changedServices returns the Services whose ports may differ from the
-// last sync's: those the tracker saw change, and those that split their
-// traffic across one of them (their backends are the named Services'). A
-// split annotation that does not parse keeps its last valid value in the
-// Builder, which names Services we cannot read here: such a Service counts
-// as changed whenever anything changed.
-func changedServices(drained Drained, svcs []*corev1.Service) map[dataplane.ServiceName]bool {
-	out := make(map[dataplane.ServiceName]bool, len(drained.Services))
-	for n := range drained.Services {
-		out[dataplane.ServiceName{Namespace: n.Namespace, Name: n.Name}] = true
-	}
-	if len(out) == 0 {
-		return out
-	}
-	for _, svc := range svcs {
-		v, ok := svc.Annotations[AnnotationSplit]
-		if !ok {
-			continue
-		}
-		name := dataplane.ServiceName{Namespace: svc.Namespace, Name: svc.Name}
-		parts, err := ParseSplit(v)
-		if err != nil {
-			out[name] = true
-			continue
-		}
-		for _, p := range parts {
-			if drained.Services[types.NamespacedName{Namespace: svc.Namespace, Name: p.Service}] {
-				out[name] = true
-				break
-			}
-		}
-	}
-	return out
+		len(drained.Services) == 0 && len(drained.Triggers) == 0 && len(drained.Objects) == 0
 }
 
 // scheduleRequeue calls Requeue after d (when positive), once: a pending
@@ -383,7 +364,13 @@ func (a *Agent) observe(state dataplane.State, drained Drained, full bool, start
 	m.LastSyncTimestamp.Set(float64(now.UnixNano()) / 1e9)
 	endpoints := 0
 	for i := range state.Services {
-		endpoints += len(state.Services[i].Active())
+		// Counted in place: Active copies and sorts, 10,000 allocations
+		// a sync at 10,000 Services.
+		for _, b := range state.Services[i].Backends {
+			if b.Weight > 0 {
+				endpoints++
+			}
+		}
 	}
 	m.ProgrammedServices.Set(float64(len(state.Services)))
 	m.ProgrammedEndpoints.Set(float64(endpoints))
@@ -408,10 +395,8 @@ func (a *Agent) recordEvent(p Problem) {
 		reason = ReasonInvalidWeights
 	}
 	ref := &corev1.ObjectReference{Kind: "Service", APIVersion: "v1", Namespace: p.Namespace, Name: p.Name}
-	if a.lastServices != nil {
-		if svc, ok := a.lastServices[p.Namespace+"/"+p.Name]; ok {
-			ref.UID, ref.ResourceVersion = svc.UID, svc.ResourceVersion
-		}
+	if svc := a.Builder.Service(types.NamespacedName{Namespace: p.Namespace, Name: p.Name}); svc != nil {
+		ref.UID, ref.ResourceVersion = svc.UID, svc.ResourceVersion
 	}
 	a.Events.Event(ref, corev1.EventTypeWarning, reason, p.Error())
 }

@@ -300,15 +300,19 @@ func (d *resultDataplane) Sync(_ dataplane.State, req dataplane.SyncRequest) (da
 	return d.res, nil
 }
 
-// The tracker's changed Services reach the dataplane, with the Services
-// that split their traffic across one of them (their backends changed too).
+// The Services whose ports changed reach the dataplane: here a new slice
+// of web-canary changes its ports and those of web, which splits across
+// it; old, whose split never parsed, has no ports that changed, and other
+// is untouched.
 func TestAgentPassesChangedServices(t *testing.T) {
 	tr := NewChangeTracker()
 	split := makeService("demo", "web", withAnnotation(AnnotationSplit, "web-stable=90,web-canary=10"))
 	broken := makeService("demo", "old", withAnnotation(AnnotationSplit, "not a split"))
-	other := makeService("demo", "other", nil)
+	broken.Spec.ClusterIP = "198.18.0.2"
+	other := makeService("demo", "other", withIP("198.18.0.3"))
+	canary := makeService("demo", "web-canary", withIP("198.18.0.4"))
 	d := &resultDataplane{}
-	a := &Agent{Source: &staticSource{svcs: []*corev1.Service{split, broken, other}}, Tracker: tr, Builder: NewBuilder(), Dataplane: d,
+	a := &Agent{Source: &staticSource{svcs: []*corev1.Service{split, broken, other, canary}}, Tracker: tr, Builder: NewBuilder(), Dataplane: d,
 		FullSyncPeriod: time.Hour, Clock: clocktesting.NewFakeClock(time.Unix(1000, 0))}
 	if err := a.Sync(); err != nil { // first: full, nothing changed
 		t.Fatal(err)
@@ -318,7 +322,7 @@ func TestAgentPassesChangedServices(t *testing.T) {
 		t.Fatal(err)
 	}
 	req := d.reqs[1]
-	want := map[dataplane.ServiceName]bool{{Namespace: "demo", Name: "web-canary"}: true, {Namespace: "demo", Name: "web"}: true, {Namespace: "demo", Name: "old"}: true}
+	want := map[dataplane.ServiceName]bool{{Namespace: "demo", Name: "web"}: true, {Namespace: "demo", Name: "web-canary"}: true}
 	if req.Full || fmt.Sprint(req.Changed) != fmt.Sprint(want) {
 		t.Errorf("request %+v, want partial with %v", req, want)
 	}

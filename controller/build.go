@@ -65,6 +65,12 @@ func (p Problem) Unwrap() error { return p.Err }
 // of every annotation, so a typo in one annotation keeps the previous
 // behaviour instead of resetting weights. A Builder is not safe for
 // concurrent use: the sync loop owns it.
+//
+// It keeps the objects it was given and the Service ports built from them
+// per Service (cache.go): Build replaces every object and rebuilds every
+// Service; Update folds in the objects that changed and rebuilds only the
+// Services they touch and those that depend on them. Both give the same
+// State for the same objects (TestIncrementalEqualsFullBuild).
 type Builder struct {
 	// families are the IP families built: IPv4, and IPv6 after EnableIPv6
 	// (only for a dataplane that programs both, such as iptables.DualStack).
@@ -76,64 +82,68 @@ type Builder struct {
 	// hints and trafficDistribution PreferClose keep cluster-wide traffic
 	// in it. Empty: topology is not used.
 	Zone string
-	// lastValid holds, per object (by UID) and annotation, the parsed value in
-	// use after the previous Build. Rebuilt on every Build, which prunes
-	// objects that disappeared; absence of an annotation counts as its valid
-	// value, so it is not stored.
-	lastValid map[annotationRef]any
 	// routes are the Gateway API splits of the next Builds (SetRoutes).
 	routes Routes
+	// cache is the objects and what was built from them (cache.go).
+	builderCache
 }
 
 // EnableIPv6 makes the Builder build IPv6 Service ports as well (clusterIPs
 // and endpoints of that family), for a dataplane that programs both.
 func (b *Builder) EnableIPv6() {
 	b.families[discoveryv1.AddressTypeIPv6] = true
+	b.stale = true
 }
 
 // NewBuilder returns a Builder with no memory of earlier annotations.
 func NewBuilder() *Builder {
 	return &Builder{
-		families:  map[discoveryv1.AddressType]bool{discoveryv1.AddressTypeIPv4: true},
-		lastValid: map[annotationRef]any{},
+		families:     map[discoveryv1.AddressType]bool{discoveryv1.AddressTypeIPv4: true},
+		builderCache: newCache(),
 	}
 }
 
-// annotationRef identifies one annotation of one object. The UID makes a
-// Service that was deleted and recreated between two Builds start fresh.
-type annotationRef struct {
-	kind, namespace, name string
-	uid                   types.UID
-	key                   string
-}
-
-// serviceInfo is a Service with its annotations resolved for this Build.
+// serviceInfo is a Service with its annotations resolved when it last
+// changed: each annotation is parsed once per change of its object.
 type serviceInfo struct {
 	svc      *corev1.Service
 	weights  Weights // zero when absent
 	split    []SplitPart
 	hasSplit bool
+	// scheduler is the resolved AnnotationScheduler ("" when absent) and
+	// schedProblem its Problem, reported only when the Service is built.
+	scheduler    string
+	schedProblem *Problem
+	// memo holds, per annotation key, the parsed value in use: the last
+	// valid one. Absence of an annotation counts as its valid value, so it
+	// is not stored. A new object (new UID) starts without memory.
+	memo map[string]any
+	// problems are the annotation problems of the object itself.
+	problems []Problem
 }
 
 // sliceInfo is an EndpointSlice with its weight annotations resolved.
 type sliceInfo struct {
-	slice     *discoveryv1.EndpointSlice
+	slice *discoveryv1.EndpointSlice
+	// service is the Service it belongs to (its service-name label).
+	service   types.NamespacedName
 	weight    uint32
 	hasWeight bool
+	memo      map[string]any
+	problems  []Problem
 }
 
-// build is the state of one Build call.
+// build is the building of one Service (or of the Gateway listeners): it
+// reads the Builder's objects and collects the Problems found.
 type build struct {
 	b        *Builder
-	next     map[annotationRef]any
 	problems []Problem
-	services map[types.NamespacedName]*serviceInfo
-	// slices are grouped by the Service they belong to, sorted by name.
-	slices map[types.NamespacedName][]*sliceInfo
 }
 
 // Build returns the desired state for services and slices, sorted, and the
-// problems found, sorted. The rules, in the order they apply:
+// problems found, sorted. It replaces every object the Builder holds (each
+// annotation keeps its last valid value when its object, same UID, is still
+// there). The rules, in the order they apply:
 //
 //   - Services: ExternalName and headless (clusterIP None) Services are
 //     skipped; a Service without a valid clusterIP is skipped with a Problem.
@@ -165,124 +175,101 @@ type build struct {
 //   - Two Service ports with the same VIP: the first by name wins, the other
 //     is dropped with a Problem.
 func (b *Builder) Build(services []*corev1.Service, slices []*discoveryv1.EndpointSlice) (dataplane.State, []Problem) {
-	bd := &build{
-		b:        b,
-		next:     map[annotationRef]any{},
-		services: map[types.NamespacedName]*serviceInfo{},
-		slices:   map[types.NamespacedName][]*sliceInfo{},
-	}
-	// Resolve the annotations of every object, including Services that are
-	// not built (headless ones can still be split targets), so that each
-	// annotation's memory survives the Builds in which it is not used.
-	bd.indexServices(services)
-	bd.indexSlices(slices)
-
-	keys := make([]types.NamespacedName, 0, len(bd.services))
-	for k := range bd.services {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool { return keys[i].String() < keys[j].String() })
-
-	var state dataplane.State
-	for _, k := range keys {
-		state.Services = append(state.Services, bd.servicePorts(bd.services[k])...)
-	}
-	state.Services = append(state.Services, bd.listenerPorts()...)
-	state.Sort()
-	state.Services = bd.dropDuplicateVIPs(state.Services)
-
-	b.lastValid = bd.next
-	sortProblems(bd.problems)
-	log.WithFields(logrus.Fields{fieldServices: len(state.Services), fieldProblems: len(bd.problems)}).Debug("built desired state")
-	return state, bd.problems
+	b.reindex(services, slices)
+	b.rebuildAll()
+	state, problems := b.assemble()
+	log.WithFields(logrus.Fields{fieldServices: len(state.Services), fieldProblems: len(problems)}).Debug("built desired state")
+	return state, problems
 }
 
 func (bd *build) problem(ns, svc, kind, object, annotation string, err error) {
 	bd.problems = append(bd.problems, Problem{Namespace: ns, Name: svc, Kind: kind, Object: object, Annotation: annotation, Err: err})
 }
 
-func (bd *build) indexServices(services []*corev1.Service) {
-	for _, svc := range services {
-		if svc == nil {
-			continue
-		}
-		key := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
-		if _, dup := bd.services[key]; dup {
-			// Only the manifest source can produce this (the same Service in
-			// two files); the API server cannot.
-			bd.problem(svc.Namespace, svc.Name, KindService, svc.Name, "", fmt.Errorf("duplicate Service, the first one is used"))
-			continue
-		}
-		si := &serviceInfo{svc: svc}
-		ref := annotationRef{kind: KindService, namespace: svc.Namespace, name: svc.Name, uid: svc.UID}
-		si.weights, _ = resolve(bd, ref, AnnotationWeights, svc.Name, svc.Annotations, ParseWeights)
-		si.split, si.hasSplit = resolve(bd, ref, AnnotationSplit, svc.Name, svc.Annotations, ParseSplit)
-		bd.services[key] = si
+// newServiceInfo resolves the annotations of svc; old is the Service's
+// previous version (nil when new): a valid value it held survives an
+// invalid annotation if it is the same object (UID).
+func newServiceInfo(svc *corev1.Service, old *serviceInfo) *serviceInfo {
+	si := &serviceInfo{svc: svc}
+	var prev map[string]any
+	if old != nil && old.svc.UID == svc.UID {
+		prev = old.memo
 	}
+	r := resolver{kind: KindService, namespace: svc.Namespace, object: svc.Name, svcName: svc.Name, annotations: svc.Annotations, prev: prev}
+	si.weights, _ = resolve(&r, AnnotationWeights, ParseWeights)
+	si.split, si.hasSplit = resolve(&r, AnnotationSplit, ParseSplit)
+	si.problems = r.problems
+	r.problems = nil
+	si.scheduler, _ = resolve(&r, AnnotationScheduler, ParseScheduler)
+	if len(r.problems) > 0 {
+		si.schedProblem = &r.problems[0]
+	}
+	si.memo = r.next
+	return si
 }
 
-func (bd *build) indexSlices(slices []*discoveryv1.EndpointSlice) {
-	seen := map[types.NamespacedName]bool{}
-	for _, sl := range slices {
-		if sl == nil {
-			continue
-		}
-		svcName := sl.Labels[discoveryv1.LabelServiceName]
-		if svcName == "" {
-			log.WithField(fieldSlice, sl.Namespace+"/"+sl.Name).Debug("EndpointSlice has no service-name label, ignored")
-			continue
-		}
-		own := types.NamespacedName{Namespace: sl.Namespace, Name: sl.Name}
-		if seen[own] {
-			bd.problem(sl.Namespace, svcName, KindEndpointSlice, sl.Name, "", fmt.Errorf("duplicate EndpointSlice, the first one is used"))
-			continue
-		}
-		seen[own] = true
-		si := &sliceInfo{slice: sl}
-		ref := annotationRef{kind: KindEndpointSlice, namespace: sl.Namespace, name: sl.Name, uid: sl.UID}
-		// Both are resolved even when the first is present, so that each
-		// keeps its memory and reports its own problem.
-		mine, hasMine := resolve(bd, ref, AnnotationSliceWeight, svcName, sl.Annotations, ParseSliceWeight)
-		cilium, hasCilium := resolve(bd, ref, AnnotationCiliumWeight, svcName, sl.Annotations, ParseSliceWeight)
-		switch {
-		case hasMine:
-			si.weight, si.hasWeight = mine, true
-		case hasCilium:
-			si.weight, si.hasWeight = cilium, true
-		}
-		key := types.NamespacedName{Namespace: sl.Namespace, Name: svcName}
-		bd.slices[key] = append(bd.slices[key], si)
+// newSliceInfo resolves the annotations of sl (see newServiceInfo).
+func newSliceInfo(sl *discoveryv1.EndpointSlice, svcName string, old *sliceInfo) *sliceInfo {
+	si := &sliceInfo{slice: sl, service: types.NamespacedName{Namespace: sl.Namespace, Name: svcName}}
+	var prev map[string]any
+	if old != nil && old.slice.UID == sl.UID {
+		prev = old.memo
 	}
-	// Slice order decides which copy of a duplicate endpoint is kept.
-	for _, list := range bd.slices {
-		sort.Slice(list, func(i, j int) bool { return list[i].slice.Name < list[j].slice.Name })
+	r := resolver{kind: KindEndpointSlice, namespace: sl.Namespace, object: sl.Name, svcName: svcName, annotations: sl.Annotations, prev: prev}
+	// Both are resolved even when the first is present, so that each
+	// keeps its memory and reports its own problem.
+	mine, hasMine := resolve(&r, AnnotationSliceWeight, ParseSliceWeight)
+	cilium, hasCilium := resolve(&r, AnnotationCiliumWeight, ParseSliceWeight)
+	switch {
+	case hasMine:
+		si.weight, si.hasWeight = mine, true
+	case hasCilium:
+		si.weight, si.hasWeight = cilium, true
 	}
+	si.memo, si.problems = r.next, r.problems
+	return si
+}
+
+// resolver resolves the annotations of one object.
+type resolver struct {
+	kind, namespace, object, svcName string
+	annotations                      map[string]string
+	// prev is the memory of the object's previous version, next that of
+	// this one.
+	prev, next map[string]any
+	problems   []Problem
 }
 
 // resolve returns the value of annotation key of an object: parsed when valid;
-// when invalid, a Problem and the value that was in use after the previous
-// Build (ok false if there was none, i.e. treat as absent); ok false when the
-// annotation is absent.
-func resolve[T any](bd *build, ref annotationRef, key, svcName string, annotations map[string]string, parse func(string) (T, error)) (v T, ok bool) {
-	raw, present := annotations[key]
+// when invalid, a Problem and the value that was in use for the object's
+// previous version (ok false if there was none, i.e. treat as absent); ok
+// false when the annotation is absent.
+func resolve[T any](r *resolver, key string, parse func(string) (T, error)) (v T, ok bool) {
+	raw, present := r.annotations[key]
 	if !present {
 		return v, false
 	}
-	ref.key = key
 	parsed, err := parse(raw)
 	if err == nil {
-		bd.next[ref] = parsed
+		r.remember(key, parsed)
 		return parsed, true
 	}
-	bd.problem(ref.namespace, svcName, ref.kind, ref.name, key, err)
-	prev, had := bd.b.lastValid[ref]
+	r.problems = append(r.problems, Problem{Namespace: r.namespace, Name: r.svcName, Kind: r.kind, Object: r.object, Annotation: key, Err: err})
+	prev, had := r.prev[key]
 	if !had {
 		return v, false
 	}
-	bd.next[ref] = prev
-	log.WithFields(logrus.Fields{fieldSvc: ref.namespace + "/" + svcName, fieldAnnotation: key}).
-		Debugf("%s %s has an invalid annotation, using its last valid value", ref.kind, ref.name)
+	r.remember(key, prev)
+	log.WithFields(logrus.Fields{fieldSvc: r.namespace + "/" + r.svcName, fieldAnnotation: key}).
+		Debugf("%s %s has an invalid annotation, using its last valid value", r.kind, r.object)
 	return prev.(T), true
+}
+
+func (r *resolver) remember(key string, v any) {
+	if r.next == nil {
+		r.next = map[string]any{}
+	}
+	r.next[key] = v
 }
 
 // servicePorts builds the ports of one Service, or nothing when it is skipped.
@@ -325,9 +312,11 @@ func (bd *build) servicePorts(si *serviceInfo) []dataplane.ServicePort {
 	}
 	// The IPVS scheduler annotation is resolved once per Service, so a bad
 	// value is one Problem whatever the number of ports and families.
-	sched := bd.scheduler(si)
+	if si.schedProblem != nil {
+		bd.problems = append(bd.problems, *si.schedProblem)
+	}
 	for i := range out {
-		out[i].Scheduler = sched
+		out[i].Scheduler = si.scheduler
 	}
 	return out
 }
@@ -451,7 +440,7 @@ func (bd *build) backends(si *serviceInfo, port corev1.ServicePort, family disco
 	// hints[i] are the zones out[i] is hinted for (nil: no hint).
 	var hints [][]string
 	index := map[netip.AddrPort]int{}
-	for _, sl := range bd.slices[types.NamespacedName{Namespace: si.svc.Namespace, Name: si.svc.Name}] {
+	for _, sl := range bd.b.slices[types.NamespacedName{Namespace: si.svc.Namespace, Name: si.svc.Name}] {
 		if sl.slice.AddressType != family {
 			continue
 		}
@@ -639,7 +628,7 @@ func (bd *build) splitBackends(x *serviceInfo, port corev1.ServicePort, family d
 	var out []dataplane.Backend
 	index := map[netip.AddrPort]int{}
 	for _, part := range x.split {
-		s := bd.services[types.NamespacedName{Namespace: x.svc.Namespace, Name: part.Service}]
+		s := bd.b.services[types.NamespacedName{Namespace: x.svc.Namespace, Name: part.Service}]
 		if s == nil {
 			l.Debugf("split names Service %q, which does not exist", part.Service)
 			continue
@@ -701,23 +690,6 @@ func slicePort(sl *discoveryv1.EndpointSlice, name string, proto dataplane.Proto
 		return uint16(*p.Port), true
 	}
 	return 0, false
-}
-
-// dropDuplicateVIPs keeps the first Service port (in name order) of each VIP.
-// Only manifests can produce duplicates; a dataplane cannot program them.
-func (bd *build) dropDuplicateVIPs(sps []dataplane.ServicePort) []dataplane.ServicePort {
-	owner := map[dataplane.VIP]dataplane.ServicePortName{}
-	out := sps[:0]
-	for _, sp := range sps {
-		if first, dup := owner[sp.VIP]; dup {
-			bd.problem(sp.Name.Namespace, sp.Name.Name, KindService, sp.Name.Name, "",
-				fmt.Errorf("port %s: VIP %s is already used by %s, port skipped", sp.Name.Port, sp.VIP, first))
-			continue
-		}
-		owner[sp.VIP] = sp.Name
-		out = append(out, sp)
-	}
-	return out
 }
 
 // portName is the ServicePortName.Port of a Service port: its name, or its

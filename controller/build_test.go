@@ -779,8 +779,8 @@ func TestBuilderPrunesAndStartsFresh(t *testing.T) {
 		b := NewBuilder()
 		b.Build([]*corev1.Service{good}, slices)
 		b.Build(nil, slices) // the Service is gone: its memory is pruned
-		if len(b.lastValid) != 0 {
-			t.Fatalf("memory not pruned: %v", b.lastValid)
+		if len(b.services) != 0 {
+			t.Fatalf("memory not pruned: %v", b.services)
 		}
 		st, problems := b.Build([]*corev1.Service{bad}, slices)
 		if w := weightOfWeb1(st); w != 1 || len(problems) != 1 {

@@ -21,6 +21,11 @@ import (
 type ChangeTracker struct {
 	mu      sync.Mutex
 	changes map[objectKey]*change
+	// settled are objects whose changes cancelled out since the last
+	// Drain, with their state now. They cause no sync, but the next Drain
+	// hands them over: a Builder that read the objects in between (a full
+	// sync's list) holds the intermediate state and must see them again.
+	settled map[objectKey]any
 	total   map[string]int
 }
 
@@ -39,7 +44,7 @@ type change struct {
 
 // NewChangeTracker returns an empty tracker.
 func NewChangeTracker() *ChangeTracker {
-	return &ChangeTracker{changes: map[objectKey]*change{}, total: map[string]int{}}
+	return &ChangeTracker{changes: map[objectKey]*change{}, settled: map[objectKey]any{}, total: map[string]int{}}
 }
 
 // ServiceChanged records an informer event for a Service (nil = absent) and
@@ -111,26 +116,29 @@ func (t *ChangeTracker) record(k objectKey, svc types.NamespacedName, previous, 
 	t.total[k.kind]++
 	if sameObject(c.previous, c.current) {
 		delete(t.changes, k)
+		t.settled[k] = current
 		return false
 	}
+	delete(t.settled, k)
 	return true
 }
 
-// sameObject compares what steelyard reads of an object: metadata labels
-// and annotations, the Service spec, the slice's endpoints and ports.
+// sameObject compares what steelyard reads of an object: its UID (a
+// recreated object is a new one: annotations keep no memory across), metadata
+// labels and annotations, the Service spec, the slice's endpoints and ports.
 func sameObject(a, b any) bool {
 	switch x := a.(type) {
 	case nil:
 		return b == nil
 	case *corev1.Service:
 		y, ok := b.(*corev1.Service)
-		return ok && apiequality.Semantic.DeepEqual(x.Labels, y.Labels) &&
+		return ok && x.UID == y.UID && apiequality.Semantic.DeepEqual(x.Labels, y.Labels) &&
 			apiequality.Semantic.DeepEqual(x.Annotations, y.Annotations) &&
 			apiequality.Semantic.DeepEqual(x.Spec, y.Spec) &&
 			apiequality.Semantic.DeepEqual(x.Status.LoadBalancer, y.Status.LoadBalancer)
 	case *discoveryv1.EndpointSlice:
 		y, ok := b.(*discoveryv1.EndpointSlice)
-		return ok && apiequality.Semantic.DeepEqual(x.Labels, y.Labels) &&
+		return ok && x.UID == y.UID && apiequality.Semantic.DeepEqual(x.Labels, y.Labels) &&
 			apiequality.Semantic.DeepEqual(x.Annotations, y.Annotations) &&
 			x.AddressType == y.AddressType &&
 			apiequality.Semantic.DeepEqual(x.Endpoints, y.Endpoints) &&
@@ -168,6 +176,9 @@ type Drained struct {
 	Services map[types.NamespacedName]bool
 	// Triggers are the endpoint-change times the sync will program.
 	Triggers []time.Time
+	// Objects are the objects that changed, as they are now (for
+	// Builder.Update), including those whose changes cancelled out.
+	Objects []ObjectChange
 }
 
 // Drain returns the pending changes and starts a new round: what is
@@ -176,10 +187,16 @@ func (t *ChangeTracker) Drain() Drained {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	out := Drained{Services: make(map[types.NamespacedName]bool, len(t.changes))}
-	for _, c := range t.changes {
+	out.Objects = make([]ObjectChange, 0, len(t.changes)+len(t.settled))
+	for k, c := range t.changes {
 		out.Services[c.service] = true
 		out.Triggers = append(out.Triggers, c.triggers...)
+		out.Objects = append(out.Objects, ObjectChange{Kind: k.kind, Name: k.name, Object: c.current})
+	}
+	for k, cur := range t.settled {
+		out.Objects = append(out.Objects, ObjectChange{Kind: k.kind, Name: k.name, Object: cur})
 	}
 	t.changes = map[objectKey]*change{}
+	t.settled = map[objectKey]any{}
 	return out
 }

@@ -78,9 +78,6 @@ func (r Routes) serviceNames() map[dataplane.ServiceName]bool {
 	return out
 }
 
-// SetRoutes gives the Builder the routes of the next Builds.
-func (b *Builder) SetRoutes(r Routes) { b.routes = r }
-
 // serviceRoute returns the route for port of Service si, if any.
 func (bd *build) serviceRoute(si *serviceInfo, port corev1.ServicePort) *ServiceRoute {
 	proto, _ := protocolOf(port.Protocol)
@@ -129,7 +126,7 @@ func (bd *build) routeBackends(route string, refs []RouteBackend, proto dataplan
 			reject += float64(ref.Weight)
 			continue
 		}
-		s := bd.services[types.NamespacedName{Namespace: ref.Namespace, Name: ref.Service}]
+		s := bd.b.services[types.NamespacedName{Namespace: ref.Namespace, Name: ref.Service}]
 		if s == nil {
 			log.WithField(fieldSvc, route).Debugf("route names Service %s/%s, which does not exist", ref.Namespace, ref.Service)
 			reject += float64(ref.Weight)

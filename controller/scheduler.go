@@ -26,12 +26,3 @@ func ParseScheduler(s string) (string, error) {
 	}
 	return "", fmt.Errorf("unknown IPVS scheduler %q (want one of %s)", s, strings.Join(Schedulers, ", "))
 }
-
-// scheduler resolves a Service's AnnotationScheduler: "" when absent, the
-// last valid value (or "") with a Problem when invalid.
-func (bd *build) scheduler(si *serviceInfo) string {
-	svc := si.svc
-	ref := annotationRef{kind: KindService, namespace: svc.Namespace, name: svc.Name, uid: svc.UID}
-	v, _ := resolve(bd, ref, AnnotationScheduler, svc.Name, svc.Annotations, ParseScheduler)
-	return v
-}

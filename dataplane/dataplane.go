@@ -51,11 +51,15 @@ type SyncRequest struct {
 	// differs from s.
 	Full bool
 	// Changed are the Services whose ports may differ from those of the
-	// last successful Sync: the change tracker's set (kube-proxy's
-	// UpdatedServices), so dataplanes do not detect changes again. A
-	// partial Sync writes only their ports (and removes ports that are
-	// gone). Nil means unknown: every port may have changed (the manifests
-	// source has no tracker). Ignored by full Syncs, which check all.
+	// last successful Sync (came, changed or went): the set the Builder
+	// computes from its cache (kube-proxy's UpdatedServices), so
+	// dataplanes do not detect changes again. A partial Sync may look at
+	// their ports only (and remove those that are gone); a port of a
+	// Service not named is taken as unchanged. With Changed set, the
+	// State is sorted (State.Sort), so a dataplane finds their ports with
+	// State.PortsOf. Nil means unknown: every port may have changed (the
+	// manifests source has no tracker). Ignored by full Syncs, which
+	// check all.
 	Changed map[ServiceName]bool
 }
 

@@ -253,6 +253,19 @@ type State struct {
 	Services []ServicePort
 }
 
+// PortsOf returns the ports of Service n in s, which must be sorted
+// (Sort): a binary search, since the ports of one Service, whose names
+// share the prefix "namespace/name:", are next to each other.
+func (s State) PortsOf(n ServiceName) []ServicePort {
+	prefix := n.Namespace + "/" + n.Name + ":"
+	i := sort.Search(len(s.Services), func(i int) bool { return s.Services[i].Name.String() >= prefix })
+	j := i
+	for j < len(s.Services) && strings.HasPrefix(s.Services[j].Name.String(), prefix) {
+		j++
+	}
+	return s.Services[i:j]
+}
+
 // Sort orders the Service ports by name, so renderings are deterministic.
 func (s *State) Sort() {
 	sort.SliceStable(s.Services, func(i, j int) bool {

@@ -83,26 +83,3 @@ func TestNATOnlyFlushWaitsForTheFullSync(t *testing.T) {
 		t.Errorf("the full sync did not repair the nat table:\n%s", strings.Join(diff, "\n"))
 	}
 }
-
-// The fake's flush behaves as iptables -F; iptables -X: built-in chains stay
-// (empty), user chains go, and other tables are untouched.
-func TestFakeFlushTable(t *testing.T) {
-	f := NewFake()
-	if err := f.Restore([]byte("*nat\n:OTHER - [0:0]\n-A PREROUTING -j OTHER\nCOMMIT\n*filter\n:MINE - [0:0]\n-A FORWARD -j MINE\nCOMMIT\n")); err != nil {
-		t.Fatal(err)
-	}
-	f.FlushTable(TableNAT)
-	rs := f.Ruleset()
-	if rs.Chain(TableNAT, "OTHER") != nil {
-		t.Error("user chain survived the flush")
-	}
-	if c := rs.Chain(TableNAT, "PREROUTING"); c == nil || len(c.Rules) != 0 {
-		t.Errorf("PREROUTING after the flush: %+v", c)
-	}
-	if ok, _ := f.HasRule(TableFilter, "FORWARD", "-j", "MINE"); !ok {
-		t.Error("the filter table was touched")
-	}
-	if ok, _ := f.HasRule(TableNAT, "PREROUTING", "-j", "OTHER"); ok {
-		t.Error("HasRule finds a flushed rule")
-	}
-}

@@ -7,22 +7,8 @@ import (
 	"github.com/steelyard-net/steelyard/dataplane"
 )
 
-// Chain is an iptables chain name.
-type Chain string
-
-// Table is an iptables table name.
-type Table string
-
-// The tables steelyard writes to.
-const (
-	TableNAT    Table = "nat"
-	TableFilter Table = "filter"
-)
-
-// ChainPrefix starts every chain steelyard creates; cleanup and the readers
-// rely on it to touch nothing else. Top-level chain names below are part of
-// the released interface: never rename them.
-const ChainPrefix = "STEELYARD-"
+// Top-level chain names below are part of the released interface: never
+// rename them. ChainPrefix (internal/iptables) starts every one.
 
 // Top-level chains.
 const (

@@ -444,26 +444,6 @@ func TestCleanupRemovesOnlySteelyard(t *testing.T) {
 	}
 }
 
-func TestFakeEnforcesKernelRules(t *testing.T) {
-	f := NewFake()
-	for name, text := range map[string]string{
-		"jump to missing chain":  "*nat\n:STEELYARD-A - [0:0]\n-A STEELYARD-A -j STEELYARD-NOPE\nCOMMIT\n",
-		"append to missing":      "*nat\n-A STEELYARD-NOPE -j ACCEPT\nCOMMIT\n",
-		"delete built-in":        "*nat\n-X PREROUTING\nCOMMIT\n",
-		"missing COMMIT":         "*nat\n:STEELYARD-A - [0:0]\n",
-		"delete referenced":      "*nat\n:STEELYARD-A - [0:0]\n:STEELYARD-B - [0:0]\n-A STEELYARD-A -j STEELYARD-B\n-X STEELYARD-B\nCOMMIT\n",
-		"delete non-empty chain": "*nat\n:STEELYARD-A - [0:0]\n-A STEELYARD-A -j ACCEPT\n-X STEELYARD-A\nCOMMIT\n",
-	} {
-		before := f.Ruleset().String()
-		if err := f.Restore([]byte(text)); err == nil {
-			t.Errorf("%s: accepted", name)
-		}
-		if f.Ruleset().String() != before {
-			t.Errorf("%s: a rejected restore changed state", name)
-		}
-	}
-}
-
 func TestParseRealIptablesSave(t *testing.T) {
 	// What iptables-nft-save prints for a rendered Service (probabilities in
 	// 11 decimals from the kernel's 31-bit fixed point).

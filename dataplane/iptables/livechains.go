@@ -1,6 +1,8 @@
 package iptables
 
 import (
+	iptk "github.com/steelyard-net/steelyard/internal/iptables"
+
 	"fmt"
 	"strings"
 )
@@ -63,7 +65,7 @@ func cutSaved(data []byte) (*liveChains, error) {
 				return nil, fmt.Errorf("line %d: empty rule", n)
 			}
 			c := Chain(name)
-			if builtinChains[c] && strings.Contains(rule, ChainPrefix) {
+			if iptk.BuiltinChain(c) && strings.Contains(rule, ChainPrefix) {
 				if lc.jumps[cur] == nil {
 					lc.jumps[cur] = map[Chain][]string{}
 				}
@@ -95,7 +97,7 @@ func (lc *liveChains) hasJump(j jump) bool {
 	if _, ok := lc.chain(j.table, j.target()); !ok {
 		return false
 	}
-	want := joinArgs(j.args)
+	want := iptk.JoinArgs(j.args)
 	for _, r := range lc.jumps[j.table][j.from] {
 		if sameRule(r, want) {
 			return true

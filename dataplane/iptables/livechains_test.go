@@ -1,6 +1,8 @@
 package iptables
 
 import (
+	iptk "github.com/steelyard-net/steelyard/internal/iptables"
+
 	"slices"
 	"testing"
 
@@ -109,7 +111,7 @@ func TestFullSyncRestoresMissingJumps(t *testing.T) {
 	for _, j := range jumps {
 		n := 0
 		for _, r := range f.Ruleset().Chain(j.table, j.from).Rules {
-			if r.Text == joinArgs(j.args) {
+			if r.Text == iptk.JoinArgs(j.args) {
 				n++
 			}
 		}

@@ -1,5 +1,7 @@
 package iptables
 
+import iptk "github.com/steelyard-net/steelyard/internal/iptables"
+
 // Localhost node ports (kube-proxy's iptables.localhostNodePorts, on by
 // default there): node ports answer on 127.0.0.0/8 to the node's own
 // processes, IPv4 only (IPv6 has no route_localnet). Three pieces, as in
@@ -45,11 +47,11 @@ func renderLocalhost(r *Rules, cfg Config, family int) {
 		return
 	}
 	r.add(TableFilter, ChainFirewall, "!", "-s", loopbackNet, "-d", loopbackNet,
-		"-m", "comment", "--comment", quote("steelyard: block incoming localnet connections"),
+		"-m", "comment", "--comment", iptk.Quote("steelyard: block incoming localnet connections"),
 		"-m", "conntrack", "!", "--ctstate", "RELATED,ESTABLISHED,DNAT", "-j", "DROP")
 	if cfg.localhostCounter != "" {
 		r.add(TableFilter, ChainServices, "-m", "conntrack", "--ctstate", "DNAT", "--ctorigdst", loopbackNet,
-			"-m", "comment", "--comment", quote("steelyard: localhost node ports accepted"),
+			"-m", "comment", "--comment", iptk.Quote("steelyard: localhost node ports accepted"),
 			"-m", "nfacct", "--nfacct-name", cfg.localhostCounter)
 	}
 }
@@ -61,7 +63,7 @@ func renderLocalhostJumps(r *Rules, cfg Config, family int) {
 		return
 	}
 	for _, t := range []Table{TableNAT, TableFilter} {
-		r.add(t, ChainServices, "-s", loopbackNet, "-d", loopbackNet, "-m", "comment", "--comment", quote("steelyard: localhost node ports"), "-j", string(ChainNodePorts))
+		r.add(t, ChainServices, "-s", loopbackNet, "-d", loopbackNet, "-m", "comment", "--comment", iptk.Quote("steelyard: localhost node ports"), "-j", string(ChainNodePorts))
 	}
 }
 

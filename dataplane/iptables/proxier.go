@@ -6,6 +6,8 @@
 package iptables
 
 import (
+	iptk "github.com/steelyard-net/steelyard/internal/iptables"
+
 	"fmt"
 	"math"
 	"slices"
@@ -321,14 +323,14 @@ func (p *Proxier) Cleanup() error {
 			continue
 		}
 		for _, c := range st.Order {
-			if !builtinChains[c] {
+			if !iptk.BuiltinChain(c) {
 				continue
 			}
 			for _, r := range st.Chains[c].Rules {
 				if !strings.HasPrefix(r.Jump, ChainPrefix) {
 					continue
 				}
-				args, err := tokenize(r.Text)
+				args, err := iptk.Tokenize(r.Text)
 				if err != nil {
 					return err
 				}
@@ -374,8 +376,8 @@ func sameRule(a, b string) bool {
 	if a == b {
 		return true
 	}
-	ta, errA := tokenize(a)
-	tb, errB := tokenize(b)
+	ta, errA := iptk.Tokenize(a)
+	tb, errB := iptk.Tokenize(b)
 	if errA != nil || errB != nil || len(ta) != len(tb) {
 		return false
 	}

@@ -1,6 +1,8 @@
 package iptables
 
 import (
+	iptk "github.com/steelyard-net/steelyard/internal/iptables"
+
 	"fmt"
 	"net/netip"
 	"slices"
@@ -189,9 +191,9 @@ func renderWith(s dataplane.State, cfg Config, prev *Rules, req dataplane.SyncRe
 	// always have a target.
 	r.chain(TableFilter, ChainServices)
 	r.chain(TableFilter, ChainNodePorts)
-	r.add(TableFilter, ChainForward, "-m", "comment", "--comment", quote("steelyard: forward masqueraded service traffic"),
+	r.add(TableFilter, ChainForward, "-m", "comment", "--comment", iptk.Quote("steelyard: forward masqueraded service traffic"),
 		"-m", "mark", "--mark", mark+"/"+mark, "-j", "ACCEPT")
-	r.add(TableFilter, ChainForward, "-m", "comment", "--comment", quote("steelyard: forward replies of service traffic"),
+	r.add(TableFilter, ChainForward, "-m", "comment", "--comment", iptk.Quote("steelyard: forward replies of service traffic"),
 		"-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT")
 	r.chain(TableNAT, ChainServices)
 	r.chain(TableNAT, ChainNodePorts)
@@ -200,7 +202,7 @@ func renderWith(s dataplane.State, cfg Config, prev *Rules, req dataplane.SyncRe
 	r.add(TableNAT, ChainPostrouting, "-m", "mark", "!", "--mark", mark+"/"+mark, "-j", "RETURN")
 	// Clear the bit so a packet that is re-routed is not masqueraded twice.
 	r.add(TableNAT, ChainPostrouting, "-j", "MARK", "--set-xmark", mark+"/0x0")
-	r.add(TableNAT, ChainPostrouting, "-m", "comment", "--comment", quote("steelyard: masquerade hairpin and off-cluster traffic"),
+	r.add(TableNAT, ChainPostrouting, "-m", "comment", "--comment", iptk.Quote("steelyard: masquerade hairpin and off-cluster traffic"),
 		"-j", "MASQUERADE", "--random-fully")
 
 	for i := range s.Services {
@@ -230,7 +232,7 @@ func renderWith(s dataplane.State, cfg Config, prev *Rules, req dataplane.SyncRe
 			continue
 		}
 		for _, t := range []Table{TableNAT, TableFilter} {
-			r.add(t, ChainServices, "-d", hostPrefix(ip), "-m", "comment", "--comment", quote("steelyard: node ports"), "-j", string(ChainNodePorts))
+			r.add(t, ChainServices, "-d", hostPrefix(ip), "-m", "comment", "--comment", iptk.Quote("steelyard: node ports"), "-j", string(ChainNodePorts))
 		}
 	}
 	renderLocalhostJumps(r, cfg, family)
@@ -286,7 +288,7 @@ func renderService(r *fragment, sp *dataplane.ServicePort, cfg Config) {
 	// point that nothing DNATed. The filter table sees forwarded (FORWARD),
 	// local (INPUT: node ports) and locally originated (OUTPUT) connections.
 	filterRule := func(e entryMatch, why, verdict string) {
-		args := append(slices.Clone(e.args), "-m", "comment", "--comment", quote(name+e.suffix+why), "-m", proto, "--dport", portOf(e))
+		args := append(slices.Clone(e.args), "-m", "comment", "--comment", iptk.Quote(name+e.suffix+why), "-m", proto, "--dport", portOf(e))
 		switch {
 		case verdict == "REJECT" && why == suffixRejectShare && sp.VIP.Protocol == dataplane.TCP:
 			// A reset: the ICMP errors of a share of every connection
@@ -341,10 +343,10 @@ func renderService(r *fragment, sp *dataplane.ServicePort, cfg Config) {
 	// Internal traffic: the clusterIP.
 	switch {
 	case !sp.InternalLocal:
-		r.add(TableNAT, ChainServices, "-d", dst, "-p", proto, "-m", "comment", "--comment", quote(name),
+		r.add(TableNAT, ChainServices, "-d", dst, "-p", proto, "-m", "comment", "--comment", iptk.Quote(name),
 			"-m", proto, "--dport", dport, "-j", string(svc))
 	case len(local) > 0:
-		r.add(TableNAT, ChainServices, "-d", dst, "-p", proto, "-m", "comment", "--comment", quote(name),
+		r.add(TableNAT, ChainServices, "-d", dst, "-p", proto, "-m", "comment", "--comment", iptk.Quote(name),
 			"-m", proto, "--dport", dport, "-j", string(svl))
 	default:
 		// internalTrafficPolicy Local without a local endpoint: drop, as
@@ -360,31 +362,31 @@ func renderService(r *fragment, sp *dataplane.ServicePort, cfg Config) {
 			if e.suffix == suffixLoadBalancer && len(sp.SourceRanges) > 0 {
 				target = fw
 			}
-			args := append(slices.Clone(e.args), "-m", "comment", "--comment", quote(name+e.suffix), "-m", proto, "--dport", portOf(e), "-j", string(target))
+			args := append(slices.Clone(e.args), "-m", "comment", "--comment", iptk.Quote(name+e.suffix), "-m", proto, "--dport", portOf(e), "-j", string(target))
 			r.add(TableNAT, e.chain, args...)
 		}
 		if len(sp.LoadBalancerIPs) > 0 && len(sp.SourceRanges) > 0 {
 			// Allowed sources go on; the others reach the filter table
 			// still aimed at the load-balancer IP and are dropped there.
 			for _, src := range sp.SourceRanges {
-				r.add(TableNAT, fw, "-s", src.String(), "-m", "comment", "--comment", quote(name+" loadBalancerSourceRanges"), "-j", string(ext))
+				r.add(TableNAT, fw, "-s", src.String(), "-m", "comment", "--comment", iptk.Quote(name+" loadBalancerSourceRanges"), "-j", string(ext))
 			}
 		}
 		if !sp.ExternalLocal {
 			// Cluster policy: the endpoint may be on another node, so the
 			// reply must come back through this one (kube-proxy does the same).
-			r.add(TableNAT, ext, "-m", "comment", "--comment", quote("masquerade traffic for "+name+" external destinations"), "-j", string(ChainMarkMasq))
+			r.add(TableNAT, ext, "-m", "comment", "--comment", iptk.Quote("masquerade traffic for "+name+" external destinations"), "-j", string(ChainMarkMasq))
 			r.add(TableNAT, ext, "-j", string(svc))
 		} else {
 			// Local policy: pods and the node itself still reach every
 			// endpoint (the node masqueraded); others keep their source
 			// address and reach only this node's endpoints.
 			for _, c := range cfg.CIDRs(sp.Family()) {
-				r.add(TableNAT, ext, "-s", c.String(), "-m", "comment", "--comment", quote("pod traffic for "+name+" external destinations"), "-j", string(svc))
+				r.add(TableNAT, ext, "-s", c.String(), "-m", "comment", "--comment", iptk.Quote("pod traffic for "+name+" external destinations"), "-j", string(svc))
 			}
-			r.add(TableNAT, ext, "-m", "comment", "--comment", quote("masquerade LOCAL traffic for "+name+" external destinations"),
+			r.add(TableNAT, ext, "-m", "comment", "--comment", iptk.Quote("masquerade LOCAL traffic for "+name+" external destinations"),
 				"-m", "addrtype", "--src-type", "LOCAL", "-j", string(ChainMarkMasq))
-			r.add(TableNAT, ext, "-m", "comment", "--comment", quote("route LOCAL traffic for "+name+" external destinations"),
+			r.add(TableNAT, ext, "-m", "comment", "--comment", iptk.Quote("route LOCAL traffic for "+name+" external destinations"),
 				"-m", "addrtype", "--src-type", "LOCAL", "-j", string(svc))
 			if len(local) > 0 {
 				r.add(TableNAT, ext, "-j", string(svl))
@@ -406,19 +408,19 @@ func renderService(r *fragment, sp *dataplane.ServicePort, cfg Config) {
 		vipMatch := []string{"-d", dst, "-p", proto}
 		switch cidrs := cfg.CIDRs(sp.Family()); {
 		case cfg.MasqueradeAll:
-			r.add(TableNAT, svc, append(vipMatch, "-m", "comment", "--comment", quote(name+" masquerade"),
+			r.add(TableNAT, svc, append(vipMatch, "-m", "comment", "--comment", iptk.Quote(name+" masquerade"),
 				"-m", proto, "--dport", dport, "-j", string(ChainMarkMasq))...)
 		case len(cidrs) == 1:
-			r.add(TableNAT, svc, append([]string{"!", "-s", cidrs[0].String()}, append(vipMatch, "-m", "comment", "--comment", quote(name+" off-cluster"),
+			r.add(TableNAT, svc, append([]string{"!", "-s", cidrs[0].String()}, append(vipMatch, "-m", "comment", "--comment", iptk.Quote(name+" off-cluster"),
 				"-m", proto, "--dport", dport, "-j", string(ChainMarkMasq))...)...)
 		case len(cidrs) > 1:
 			// "Not in any of these ranges": mark, then clear the mark for
 			// each cluster range. Both match the VIP only, so a mark set
 			// by the external chain stays.
-			r.add(TableNAT, svc, append(slices.Clone(vipMatch), "-m", "comment", "--comment", quote(name+" off-cluster"),
+			r.add(TableNAT, svc, append(slices.Clone(vipMatch), "-m", "comment", "--comment", iptk.Quote(name+" off-cluster"),
 				"-m", proto, "--dport", dport, "-j", string(ChainMarkMasq))...)
 			for _, c := range cidrs {
-				r.add(TableNAT, svc, append([]string{"-s", c.String()}, append(slices.Clone(vipMatch), "-m", "comment", "--comment", quote(name+" in-cluster"),
+				r.add(TableNAT, svc, append([]string{"-s", c.String()}, append(slices.Clone(vipMatch), "-m", "comment", "--comment", iptk.Quote(name+" in-cluster"),
 					"-m", proto, "--dport", dport, "-j", "MARK", "--set-xmark", "0x0/"+cfg.markMask())...)...)
 			}
 		}
@@ -444,8 +446,8 @@ func renderService(r *fragment, sp *dataplane.ServicePort, cfg Config) {
 			seps[sep] = true
 			// Hairpin: a pod reaching itself through the VIP must see the node
 			// as the source, or its reply would never be un-DNATed.
-			r.add(TableNAT, sep, "-s", hostPrefix(b.IP), "-m", "comment", "--comment", quote(name+" hairpin"), "-j", string(ChainMarkMasq))
-			dnat := []string{"-p", proto, "-m", "comment", "--comment", quote(name)}
+			r.add(TableNAT, sep, "-s", hostPrefix(b.IP), "-m", "comment", "--comment", iptk.Quote(name+" hairpin"), "-j", string(ChainMarkMasq))
+			dnat := []string{"-p", proto, "-m", "comment", "--comment", iptk.Quote(name)}
 			if sp.AffinitySeconds > 0 {
 				dnat = append(dnat, "-m", "recent", "--set", "--name", string(sep), "--mask", fullMask(b.IP), "--rsource")
 			}
@@ -462,13 +464,13 @@ func renderSplit(r *fragment, chain Chain, sp *dataplane.ServicePort, bs []datap
 	if sp.AffinitySeconds > 0 {
 		for _, b := range bs {
 			sep := EndpointChain(sp.Name, sp.VIP.Protocol, b)
-			r.add(TableNAT, chain, "-m", "comment", "--comment", quote(fmt.Sprintf("%s -> %s affinity", name, b.Addr())),
+			r.add(TableNAT, chain, "-m", "comment", "--comment", iptk.Quote(fmt.Sprintf("%s -> %s affinity", name, b.Addr())),
 				"-m", "recent", "--rcheck", "--seconds", strconv.Itoa(sp.AffinitySeconds), "--reap", "--name", string(sep),
 				"--mask", fullMask(b.IP), "--rsource", "-j", string(sep))
 		}
 	}
 	if rej := sp.RejectShare(bs); rej > 0 {
-		r.add(TableNAT, chain, "-m", "comment", "--comment", quote(fmt.Sprintf("%s reject weight %s", name, formatWeight(sp.RejectWeight))),
+		r.add(TableNAT, chain, "-m", "comment", "--comment", iptk.Quote(fmt.Sprintf("%s reject weight %s", name, formatWeight(sp.RejectWeight))),
 			"-m", "statistic", "--mode", "random", "--probability", FormatProbability(rej), "-j", "RETURN")
 	}
 	weights := make([]float64, len(bs))
@@ -478,7 +480,7 @@ func renderSplit(r *fragment, chain Chain, sp *dataplane.ServicePort, bs []datap
 	probs := Probabilities(weights)
 	for i, b := range bs {
 		sep := EndpointChain(sp.Name, sp.VIP.Protocol, b)
-		comment := quote(fmt.Sprintf("%s -> %s weight %s", name, b.Addr(), formatWeight(b.Weight)))
+		comment := iptk.Quote(fmt.Sprintf("%s -> %s weight %s", name, b.Addr(), formatWeight(b.Weight)))
 		if i < len(bs)-1 {
 			r.add(TableNAT, chain, "-m", "comment", "--comment", comment,
 				"-m", "statistic", "--mode", "random", "--probability", FormatProbability(probs[i]), "-j", string(sep))
@@ -511,11 +513,6 @@ func hostPrefix(ip netip.Addr) string {
 
 func formatWeight(w float64) string {
 	return strconv.FormatFloat(w, 'g', 6, 64)
-}
-
-// quote quotes a comment the way iptables-save does.
-func quote(s string) string {
-	return `"` + strings.ReplaceAll(s, `"`, `\"`) + `"`
 }
 
 // restoreText renders the iptables-restore --noflush input that writes the

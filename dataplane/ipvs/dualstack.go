@@ -2,7 +2,7 @@ package ipvs
 
 import (
 	"github.com/steelyard-net/steelyard/dataplane"
-	"github.com/steelyard-net/steelyard/dataplane/iptables"
+	"github.com/steelyard-net/steelyard/internal/iptables"
 )
 
 // NewDualStack returns the dual-stack IPVS dataplane over the given kernel

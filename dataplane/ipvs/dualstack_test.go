@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/steelyard-net/steelyard/dataplane"
-	"github.com/steelyard-net/steelyard/dataplane/iptables"
+	"github.com/steelyard-net/steelyard/internal/iptables"
 )
 
 // Dual-stack test plan: IPv4 as in proxier_test.go; IPv6 only from the

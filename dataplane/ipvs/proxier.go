@@ -39,8 +39,8 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/steelyard-net/steelyard/dataplane"
-	"github.com/steelyard-net/steelyard/dataplane/iptables"
 	"github.com/steelyard-net/steelyard/internal/execx"
+	"github.com/steelyard-net/steelyard/internal/iptables"
 )
 
 var log = logrus.WithField("subsys", "ipvs")

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/steelyard-net/steelyard/dataplane"
-	"github.com/steelyard-net/steelyard/dataplane/iptables"
+	"github.com/steelyard-net/steelyard/internal/iptables"
 )
 
 // Test IP plan: VIPs in 198.18.0.0/16, pods in 198.19.0.0/16.

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/steelyard-net/steelyard/dataplane/iptables"
+	"github.com/steelyard-net/steelyard/internal/iptables"
 )
 
 // The iptables chains of the IPVS dataplane. They hold a fixed handful of

@@ -112,6 +112,7 @@ func BenchmarkRenderPartial(b *testing.B) {
 // sync at 10,000 Services (the rest is the kernel's).
 func BenchmarkRenderChanged(b *testing.B) {
 	s := bigState(10000)
+	s.Sort() // as the Builder hands it over
 	d := &discardNFT{Interface: knftables.NewFake(knftables.IPv4Family, TableName)}
 	p := NewProxier(d, testCfg)
 	if _, err := p.Sync(s, dataplane.FullSync); err != nil {

@@ -107,10 +107,11 @@ func TestFailedBatchIsRepairedByTheNextSync(t *testing.T) {
 	checkKernel(t, p, st)
 }
 
-// A partial sync with the tracker's set looks at the named Services only,
-// yet a port gone from a Service it does not name is still deleted (the
-// sync falls back to comparing every port).
-func TestChangedSetAndPortsGone(t *testing.T) {
+// A partial sync with the Builder's set looks at the named Services only
+// and trusts it: their ports are written, added and deleted; a change of
+// a Service it does not name (which a correct set never has) stays
+// unwritten until a full sync, which compares every port and repairs it.
+func TestChangedSetIsTrusted(t *testing.T) {
 	p, _ := newTest(t, 4)
 	a := svcPort("a", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2", 8080, 1))
 	b := svcPort("b", "198.18.0.12", 80, dataplane.TCP, be("198.19.1.4", 8080, 1))
@@ -118,8 +119,6 @@ func TestChangedSetAndPortsGone(t *testing.T) {
 	if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{a, b, c}}, dataplane.FullSync); err != nil {
 		t.Fatal(err)
 	}
-	// b is deleted and named; a changes but is not named: kept as written.
-	a2 := svcPort("a", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.3", 8080, 1))
 	named := func(ns ...string) map[dataplane.ServiceName]bool {
 		m := map[dataplane.ServiceName]bool{}
 		for _, n := range ns {
@@ -127,31 +126,35 @@ func TestChangedSetAndPortsGone(t *testing.T) {
 		}
 		return m
 	}
+	// b is deleted and named; a changes but is not named: kept as written.
+	a2 := svcPort("a", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.3", 8080, 1))
 	if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{a2, c}}, dataplane.SyncRequest{Changed: named("b")}); err != nil {
 		t.Fatal(err)
 	}
 	checkKernel(t, p, dataplane.State{Services: []dataplane.ServicePort{a, c}})
-	// c is deleted without being named.
-	if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{a}}, dataplane.SyncRequest{Changed: named()}); err != nil {
-		t.Fatal(err)
-	}
-	checkKernel(t, p, dataplane.State{Services: []dataplane.ServicePort{a}})
-	// A new Service is written though not named; a second port of a.
+	// a gets a second port (named); c is deleted and d added without
+	// being named: the kernel keeps c and lacks d.
 	d := svcPort("d", "198.18.0.16", 80, dataplane.TCP, be("198.19.1.8", 8080, 1))
 	a3 := svcPort("a", "198.18.0.10", 81, dataplane.TCP, be("198.19.1.2", 8081, 1))
 	a3.Name.Port = "admin"
 	st := dataplane.State{Services: []dataplane.ServicePort{a, a3, d}}
+	st.Sort()
 	if _, err := p.Sync(st, dataplane.SyncRequest{Changed: named("a")}); err != nil {
 		t.Fatal(err)
 	}
-	checkKernel(t, p, st)
+	checkKernel(t, p, dataplane.State{Services: []dataplane.ServicePort{a, a3, c}})
 	// a loses its first port.
 	st = dataplane.State{Services: []dataplane.ServicePort{a3, d}}
 	if _, err := p.Sync(st, dataplane.SyncRequest{Changed: named("a")}); err != nil {
 		t.Fatal(err)
 	}
-	checkKernel(t, p, st)
 	if got := p.rec.bySvc[a.Name.Service()]; len(got) != 1 || got[0] != a3.Name {
 		t.Errorf("ports of a: %v", got)
 	}
+	checkKernel(t, p, dataplane.State{Services: []dataplane.ServicePort{a3, c}})
+	// The full sync repairs what the set did not name.
+	if _, err := p.Sync(st, dataplane.FullSync); err != nil {
+		t.Fatal(err)
+	}
+	checkKernel(t, p, st)
 }

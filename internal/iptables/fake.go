@@ -175,7 +175,7 @@ func (f *Fake) EnsureRule(t Table, c Chain, args ...string) error {
 	if ch == nil {
 		return fmt.Errorf("chain %s/%s does not exist", t, c)
 	}
-	text := joinArgs(args)
+	text := JoinArgs(args)
 	for _, r := range ch.Rules {
 		if r.Text == text {
 			return nil
@@ -200,7 +200,7 @@ func (f *Fake) HasRule(t Table, c Chain, args ...string) (bool, error) {
 	if ch == nil {
 		return false, nil
 	}
-	text := joinArgs(args)
+	text := JoinArgs(args)
 	return slices.ContainsFunc(ch.Rules, func(r *Rule) bool { return r.Text == text }), nil
 }
 
@@ -232,7 +232,7 @@ func (f *Fake) DeleteRule(t Table, c Chain, args ...string) error {
 	if ch == nil {
 		return nil
 	}
-	text := joinArgs(args)
+	text := JoinArgs(args)
 	ch.Rules = slices.DeleteFunc(ch.Rules, func(r *Rule) bool { return r.Text == text })
 	return nil
 }
@@ -262,7 +262,7 @@ func (f *Fake) DeleteChain(t Table, c Chain) error {
 func (f *Fake) AddRule(t Table, c Chain, args ...string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	r, err := ParseRule(joinArgs(args))
+	r, err := ParseRule(JoinArgs(args))
 	if err != nil {
 		return err
 	}
@@ -284,11 +284,13 @@ func (f *Fake) DeleteRuleAt(t Table, c Chain, n int) error {
 	return nil
 }
 
-func joinArgs(args []string) string {
+// JoinArgs joins rule arguments the way iptables-save prints them, quoting
+// the empty ones and those with blanks or quotes.
+func JoinArgs(args []string) string {
 	out := make([]string, len(args))
 	for i, a := range args {
 		if a == "" || strings.ContainsAny(a, " \t\"") {
-			a = quote(a)
+			a = Quote(a)
 		}
 		out[i] = a
 	}

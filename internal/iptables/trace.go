@@ -40,11 +40,6 @@ type Outcome struct {
 	Mark uint32
 }
 
-// builtinChains have a policy; walking off their end applies it.
-var builtinChains = map[Chain]bool{
-	"PREROUTING": true, "INPUT": true, "FORWARD": true, "OUTPUT": true, "POSTROUTING": true,
-}
-
 // maxDepth bounds jumps so a loop in a hand-edited ruleset cannot hang us.
 const maxDepth = 32
 
@@ -131,7 +126,7 @@ func (tr *tracer) walk(c Chain, in branch, p Packet, depth int) (terms []Outcome
 		}
 		cur = mergeBranches(next)
 	}
-	if builtinChains[c] {
+	if BuiltinChain(c) {
 		for _, b := range cur {
 			terms = append(terms, Outcome{Probability: b.mass, Verdict: ch.Policy, Mark: b.mark})
 		}
@@ -161,7 +156,7 @@ func (tr *tracer) target(r *Rule, b branch, p Packet, depth int) ([]Outcome, []c
 		}
 		return []Outcome{{Probability: b.mass, Verdict: "DNAT", DNAT: to, Mark: b.mark}}, nil, nil
 	case "MARK":
-		val, mask, err := parseMark(r.TargetArgs["--set-xmark"])
+		val, mask, err := ParseMark(r.TargetArgs["--set-xmark"])
 		if err != nil {
 			return nil, nil, fmt.Errorf("trace: MARK: %w", err)
 		}

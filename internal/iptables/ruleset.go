@@ -187,7 +187,7 @@ func (rs *Ruleset) String() string {
 
 // ParseRule parses the text of one rule (after "-A CHAIN ").
 func ParseRule(text string) (*Rule, error) {
-	toks, err := tokenize(text)
+	toks, err := Tokenize(text)
 	if err != nil {
 		return nil, err
 	}
@@ -288,7 +288,7 @@ func ParseRule(text string) (*Rule, error) {
 			if err != nil {
 				return nil, err
 			}
-			val, mask, err := parseMark(v)
+			val, mask, err := ParseMark(v)
 			if err != nil {
 				return nil, fmt.Errorf("rule %q: %w", text, err)
 			}
@@ -379,8 +379,8 @@ func parsePrefix(s string) (netip.Prefix, error) {
 	return netip.PrefixFrom(a, a.BitLen()), nil
 }
 
-// parseMark parses "value/mask" or "value" (mask all ones).
-func parseMark(s string) (uint32, uint32, error) {
+// ParseMark parses "value/mask" or "value" (mask all ones).
+func ParseMark(s string) (uint32, uint32, error) {
 	v, m, hasMask := strings.Cut(s, "/")
 	val, err := strconv.ParseUint(v, 0, 32)
 	if err != nil {
@@ -395,9 +395,9 @@ func parseMark(s string) (uint32, uint32, error) {
 	return uint32(val), uint32(mask), nil
 }
 
-// tokenize splits a rule the way a shell would for iptables-save output:
+// Tokenize splits a rule the way a shell would for iptables-save output:
 // whitespace separates, double quotes group, backslash escapes inside quotes.
-func tokenize(s string) ([]string, error) {
+func Tokenize(s string) ([]string, error) {
 	var toks []string
 	var cur strings.Builder
 	inQuote, have := false, false
