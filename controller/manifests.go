@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/clock"
 )
 
 // defaultNamespace is the namespace of a manifest object that names none, as
@@ -45,9 +46,11 @@ const defaultDebounce = 100 * time.Millisecond
 type ManifestSource struct {
 	dir string
 
-	// debounce and ready are fields so tests can shorten the one and learn
-	// when the watch is in place with the other.
+	// debounce, clock and ready are fields so tests can set the one, run
+	// the debounce timer on a fake clock and learn when the watch is in
+	// place.
 	debounce time.Duration
+	clock    clock.Clock
 	ready    func()
 
 	mu sync.Mutex
@@ -63,7 +66,7 @@ type manifestObjects struct {
 
 // NewManifestSource returns a source reading dir. Nothing is read until Load.
 func NewManifestSource(dir string) *ManifestSource {
-	return &ManifestSource{dir: dir, debounce: defaultDebounce, files: map[string]manifestObjects{}}
+	return &ManifestSource{dir: dir, debounce: defaultDebounce, clock: clock.RealClock{}, files: map[string]manifestObjects{}}
 }
 
 // Load reads every manifest file of the directory and returns the objects of
@@ -262,7 +265,8 @@ func (m *ManifestSource) Watch(ctx context.Context, changed func()) error {
 	if err != nil {
 		return err
 	}
-	return m.watchLoop(ctx, w, changed)
+	defer w.Close()
+	return m.watchLoop(ctx, w.Events, w.Errors, changed)
 }
 
 // StartWatch is Watch for the agent: the watch is in place when it returns
@@ -273,7 +277,10 @@ func (m *ManifestSource) StartWatch(ctx context.Context, changed func()) error {
 	if err != nil {
 		return err
 	}
-	go func() { _ = m.watchLoop(ctx, w, changed) }()
+	go func() {
+		defer w.Close()
+		_ = m.watchLoop(ctx, w.Events, w.Errors, changed)
+	}()
 	return nil
 }
 
@@ -292,16 +299,16 @@ func (m *ManifestSource) watcher() (*fsnotify.Watcher, error) {
 	return w, nil
 }
 
-func (m *ManifestSource) watchLoop(ctx context.Context, w *fsnotify.Watcher, changed func()) error {
-	defer w.Close()
-
-	timer := time.NewTimer(m.debounce)
+// watchLoop takes the watcher's channels rather than the watcher, so a
+// test can feed it events one by one.
+func (m *ManifestSource) watchLoop(ctx context.Context, events <-chan fsnotify.Event, errs <-chan error, changed func()) error {
+	timer := m.clock.NewTimer(m.debounce)
 	timer.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case ev, ok := <-w.Events:
+		case ev, ok := <-events:
 			if !ok {
 				return nil
 			}
@@ -310,7 +317,7 @@ func (m *ManifestSource) watchLoop(ctx context.Context, w *fsnotify.Watcher, cha
 			}
 			log.WithField(fieldFile, ev.Name).Debugf("manifest directory event %s", ev.Op)
 			timer.Reset(m.debounce)
-		case err, ok := <-w.Errors:
+		case err, ok := <-errs:
 			if !ok {
 				return nil
 			}
@@ -318,7 +325,7 @@ func (m *ManifestSource) watchLoop(ctx context.Context, w *fsnotify.Watcher, cha
 			// everything to be safe.
 			log.WithError(err).Warn("manifest watch error, reloading")
 			timer.Reset(m.debounce)
-		case <-timer.C:
+		case <-timer.C():
 			changed()
 		}
 	}

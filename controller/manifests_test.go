@@ -2,18 +2,20 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/fsnotify/fsnotify"
 	"github.com/sirupsen/logrus"
 	logtest "github.com/sirupsen/logrus/hooks/test"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 // Manifests follow the IP plan of build_test.go.
@@ -292,41 +294,88 @@ func TestManifestSourceWatch(t *testing.T) {
 	}
 }
 
+// TestManifestSourceWatchDebounces: a burst of events, each half a
+// debounce after the one before, makes one call, one debounce after the
+// last event; a watch error rearms the timer like an event, a Chmod does
+// not. The loop runs on a fake clock and takes its events from channels
+// the test feeds one at a time, so the outcome does not depend on how fast
+// the machine is (it used to skip itself when a burst of real writes took
+// too long).
 func TestManifestSourceWatchDebounces(t *testing.T) {
-	dir := t.TempDir()
-	m := NewManifestSource(dir)
-	// A debounce longer than the burst can take on a loaded machine (the
-	// default 100 ms was once exceeded between two of these writes, and
-	// the burst became two calls); what is tested is that one quiet
-	// period after a burst makes one call.
-	m.debounce = 700 * time.Millisecond
-	calls := startWatch(t, m)
-	start := time.Now()
-	for i := 0; i < 20; i++ {
-		writeFile(t, filepath.Join(dir, "web.yaml"), svcWebYAML)
+	m := NewManifestSource(t.TempDir())
+	m.debounce = 100 * time.Millisecond
+	fc := clocktesting.NewFakeClock(time.Unix(1_000_000, 0))
+	m.clock = fc
+	// Unbuffered: a send returns once the loop has taken the event.
+	events := make(chan fsnotify.Event)
+	errs := make(chan error)
+	calls := make(chan struct{}, 100)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- m.watchLoop(ctx, events, errs, func() { calls <- struct{}{} }) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("watchLoop: %v", err)
+		}
+	}()
+	// barrier sends an event the loop ignores: once the loop has taken
+	// it, it has finished with everything sent before (one goroutine).
+	barrier := func() { events <- fsnotify.Event{Name: "web.yaml", Op: fsnotify.Chmod} }
+	// armed reports whether the debounce timer is set and has not fired.
+	armed := func() bool { return fc.Waiters() == 1 }
+	noCall := func(when string) {
+		t.Helper()
+		barrier()
+		if n := len(calls); n != 0 {
+			t.Fatalf("%s: %d calls, want none", when, n)
+		}
 	}
-	if took := time.Since(start); took >= m.debounce/2 {
-		t.Skipf("the burst of writes took %v, too long to test the debounce of %v", took, m.debounce)
-	}
-	select {
-	case <-calls:
-	case <-time.After(5 * m.debounce):
-		t.Fatalf("changed not called within %v after a burst of writes", 5*m.debounce)
-	}
-	var extra atomic.Int32
-	deadline := time.After(3 * m.debounce)
-	for {
+	oneCall := func(when string) {
+		t.Helper()
 		select {
 		case <-calls:
-			extra.Add(1)
-			continue
-		case <-deadline:
+		case <-time.After(5 * time.Second): // only a hang gets here
+			t.Fatalf("%s: changed not called", when)
 		}
-		break
+		noCall(when + ", after the call")
 	}
-	if n := extra.Load(); n != 0 {
-		t.Errorf("a burst of writes gave %d extra calls", n)
+
+	barrier()
+	if armed() {
+		t.Fatal("a Chmod armed the debounce timer")
 	}
+	for i := range 20 {
+		if i == 10 {
+			errs <- errors.New("queue overflow")
+		} else {
+			events <- fsnotify.Event{Name: "web.yaml", Op: fsnotify.Write}
+		}
+		barrier()
+		fc.Step(m.debounce / 2)
+		if !armed() {
+			t.Fatalf("event %d: the timer fired half a debounce after it", i)
+		}
+	}
+	noCall("during the burst")
+	fc.Step(m.debounce/2 - time.Nanosecond)
+	if !armed() {
+		t.Fatal("the timer fired before a whole debounce passed without events")
+	}
+	noCall("a nanosecond before the debounce")
+	fc.Step(time.Nanosecond)
+	if armed() {
+		t.Fatal("the timer did not fire a debounce after the last event")
+	}
+	oneCall("a debounce after the burst")
+	fc.Step(10 * m.debounce)
+	noCall("ten debounces later, without events")
+
+	// A single event later: one more call.
+	events <- fsnotify.Event{Name: "web.yaml", Op: fsnotify.Create}
+	barrier()
+	fc.Step(m.debounce)
+	oneCall("a debounce after a single event")
 }
 
 // TestManifestSourceConfigMapSwap mimics how the kubelet updates a mounted

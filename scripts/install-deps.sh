@@ -14,6 +14,9 @@ command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || need+=(nftables)
 # nginx for the L7 Ingress layer (steelyard runs it as its own child, never as a service).
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
+# util-linux's flock and setpriv for the e2e suite (the xtables lock chaos
+# test, the capability test). Essential on Debian, not on every image.
+{ command -v flock && command -v setpriv; } >/dev/null 2>&1 || need+=(util-linux)
 # `--node`: also what the real node (make node, cluster-up) needs: runc for
 # containerd, debootstrap for the steelyard image's root filesystem, and
 # util-linux's nsenter/unshare.

@@ -130,27 +130,35 @@ func TestInvalidBackendKeepsShare(t *testing.T) {
 		t.Fatal(err)
 	}
 	rs := f.Ruleset()
-	p := iptables.Packet{Src: netip.MustParseAddr("198.19.1.9"), Dst: netip.MustParseAddr("198.18.200.1"), Protocol: "tcp", DPort: 9000}
-	nat, err := rs.Trace(iptables.TableNAT, "PREROUTING", p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]float64{}
-	for _, o := range nat {
-		if o.Verdict == "DNAT" {
-			got[o.DNAT.Addr().String()] += 100 * o.Probability
-			continue
-		}
-		// Not DNATed: what the filter table does with it.
-		filter, err := rs.Trace(iptables.TableFilter, "FORWARD", p)
+	// From a pod and from off the cluster (masqueraded: the nat table
+	// marks the packet before the split, so the filter table sees the
+	// mark on the share it must refuse).
+	for _, src := range []string{"198.19.1.9", "198.19.254.2"} {
+		p := iptables.Packet{Src: netip.MustParseAddr(src), Dst: netip.MustParseAddr("198.18.200.1"), Protocol: "tcp", DPort: 9000}
+		nat, err := rs.Trace(iptables.TableNAT, "PREROUTING", p)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, fo := range filter {
-			got[fo.Verdict] += 100 * o.Probability * fo.Probability
+		got := map[string]float64{}
+		for _, o := range nat {
+			if o.Verdict == "DNAT" {
+				got[o.DNAT.Addr().String()] += 100 * o.Probability
+				continue
+			}
+			// Not DNATed: what the filter table does with it, carrying
+			// the mark nat left.
+			fp := p
+			fp.Mark = o.Mark
+			filter, err := rs.Trace(iptables.TableFilter, "FORWARD", fp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, fo := range filter {
+				got[fo.Verdict] += 100 * o.Probability * fo.Probability
+			}
 		}
+		sameShares(t, "traced from "+src, got, map[string]float64{"198.19.1.2": 25, "198.19.1.3": 25, "REJECT": 50})
 	}
-	sameShares(t, "traced", got, map[string]float64{"198.19.1.2": 25, "198.19.1.3": 25, "REJECT": 50})
 
 	// Each dataplane shows the same shares and the reject share, and
 	// agrees with the desired state.

@@ -191,8 +191,16 @@ func renderWith(s dataplane.State, cfg Config, prev *Rules, req dataplane.SyncRe
 	// always have a target.
 	r.chain(TableFilter, ChainServices)
 	r.chain(TableFilter, ChainNodePorts)
+	// Only what was DNATed: the reject share of a split (RejectWeight)
+	// leaves nat marked for masquerading when the client is off the
+	// cluster, but not DNATed; accepted here it was forwarded to the VIP,
+	// masqueraded, instead of reaching STEELYARD-SERVICES, which refuses it
+	// (this jump runs first in FORWARD). Clients saw no answer, and their
+	// SYN retransmitted a second later, unmarked, was refused by a conntrack
+	// entry that then sent new connections on the same source port to the
+	// refusal too: 52.08 % refused at 1:1 in test/gateway.
 	r.add(TableFilter, ChainForward, "-m", "comment", "--comment", iptk.Quote("steelyard: forward masqueraded service traffic"),
-		"-m", "mark", "--mark", mark+"/"+mark, "-j", "ACCEPT")
+		"-m", "mark", "--mark", mark+"/"+mark, "-m", "conntrack", "--ctstate", "DNAT", "-j", "ACCEPT")
 	r.add(TableFilter, ChainForward, "-m", "comment", "--comment", iptk.Quote("steelyard: forward replies of service traffic"),
 		"-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT")
 	r.chain(TableNAT, ChainServices)

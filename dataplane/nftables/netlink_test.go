@@ -9,7 +9,9 @@ import (
 
 // canonical sorts the blocks of an "nft list table" listing and the
 // elements of each map, so two tables with the same content but written
-// in another order compare equal.
+// in another order compare equal. Every line counts: the table's header
+// and any statement at table level (flags, comment) are kept as entries of
+// their own, so a difference there is not hidden.
 func canonical(text string) string {
 	var blocks []string
 	var cur []string
@@ -19,17 +21,27 @@ func canonical(text string) string {
 		if l == "" {
 			continue
 		}
-		if depth == 1 && strings.HasSuffix(l, "{") {
-			cur = nil
-		}
+		before := depth
 		depth += strings.Count(l, "{") - strings.Count(l, "}")
-		if depth >= 1 && len(cur) >= 0 {
+		switch {
+		case before == 0 || (before == 1 && depth == 0):
+			// The table's header, or its closing brace.
+			blocks = append(blocks, l)
+		case before == 1 && depth == 1:
+			// A statement at table level, or a block on one line.
+			blocks = append(blocks, canonicalBlock(l))
+		default:
+			// Inside a chain, set or map: it ends back at depth 1.
 			cur = append(cur, l)
+			if depth == 1 {
+				blocks = append(blocks, canonicalBlock(strings.Join(cur, " ")))
+				cur = nil
+			}
 		}
-		if depth == 1 && l == "}" {
-			blocks = append(blocks, canonicalBlock(strings.Join(cur, " ")))
-			cur = nil
-		}
+	}
+	if len(cur) > 0 {
+		// An unterminated block still counts.
+		blocks = append(blocks, canonicalBlock(strings.Join(cur, " ")))
 	}
 	slices.Sort(blocks)
 	return strings.Join(blocks, "\n")
@@ -63,8 +75,23 @@ func TestCanonical(t *testing.T) {
 	if canonical(a) != canonical(b) {
 		t.Errorf("canonical differs:\n%s\n--\n%s", canonical(a), canonical(b))
 	}
-	if canonical(a) == canonical(strings.Replace(b, "goto x", "goto y", 1)) {
-		t.Error("canonical hides a difference")
+	// Each of these edits of b must show: a rule, a chain's name, the
+	// table's family or name, a statement at table level, a map element.
+	for _, edit := range [][2]string{
+		{"goto x", "goto y"},
+		{"chain a {", "chain c {"},
+		{"table ip t {", "table ip6 t {"},
+		{"table ip t {", "table ip u {"},
+		{"table ip t {", "table ip t {\n\tflags dormant"},
+		{"table ip t {", "table ip t {\n\tcomment \"x\""},
+		{"2 : goto a", "3 : goto a"},
+	} {
+		if !strings.Contains(b, edit[0]) {
+			t.Fatalf("edit %q: not in b", edit[0])
+		}
+		if canonical(a) == canonical(strings.Replace(b, edit[0], edit[1], 1)) {
+			t.Errorf("canonical hides the edit %q -> %q", edit[0], edit[1])
+		}
 	}
 }
 

@@ -89,7 +89,7 @@ func lastError(log string) string {
 // real node.
 func TestCapabilities(t *testing.T) {
 	if _, err := exec.LookPath("setpriv"); err != nil {
-		t.Skip("setpriv (util-linux) not installed")
+		t.Fatalf("setpriv (util-linux; scripts/install-deps.sh installs it) not installed: %v", err)
 	}
 	for _, m := range capModes() {
 		t.Run(m.name, func(t *testing.T) {

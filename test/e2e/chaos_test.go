@@ -223,7 +223,7 @@ func chaosFlush(t *testing.T, m chaosMode, fault chaosFault, period time.Duratio
 // no failed sync: the agent does not wait for a lock nobody needs.
 func TestChaosXtablesLock(t *testing.T) {
 	if _, err := exec.LookPath("flock"); err != nil {
-		t.Skip("flock (util-linux) not installed")
+		t.Fatalf("flock (util-linux; scripts/install-deps.sh installs it) not installed: %v", err)
 	}
 	for _, m := range chaosModes()[:2] {
 		t.Run(m.name, func(t *testing.T) { chaosXtablesLock(t, m) })

@@ -21,9 +21,11 @@ package e2e
 
 import (
 	"errors"
+	"math"
 	"net/netip"
 	"os"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -417,7 +419,7 @@ func caseSessionAffinity(t *testing.T, m dpMode) {
 	if v.AffinitySeconds != timeout {
 		t.Errorf("explain: affinity %d s, want %d", v.AffinitySeconds, timeout)
 	}
-	srcs, err := f.sb.AddAddrs(f.client, netip.MustParseAddr("198.19.254.20"), 230)
+	srcs, err := f.sb.AddAddrs(f.client, netip.MustParseAddr("198.19.254.20"), 30)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -470,21 +472,48 @@ func caseSessionAffinity(t *testing.T, m dpMode) {
 		t.Error("no client changed backend after the timeout")
 	}
 
-	// Different clients are still split by weight: 200 new clients, one
-	// connection each. sigma(20%) = 2.8 points; 12 points = 4.2 sigma.
-	counts := map[string]int{}
-	for _, src := range srcs[30:] {
-		line, err := f.client.FirstLine(src, ap("198.18.0.26:80"), 2*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		name, _, _ := strings.Cut(line, " ")
-		counts[name]++
+	// Different clients are still split by weight: 8,000 new clients (the
+	// client pool's addresses), one connection each. sigma(20%) =
+	// sqrt(.2*.8/8000) = 0.45 points; 4.5 sigma is 2.0 points.
+	const newClients = 8000
+	pool, err := f.sb.AddPoolAddrs(f.client, newClients)
+	if err != nil {
+		t.Fatal(err)
 	}
-	share := 100 * float64(counts["aff-1"]) / float64(len(srcs[30:]))
-	t.Logf("200 clients: %v (aff-1 %.1f%%, configured 20%%)", counts, share)
-	if share < 8 || share > 32 {
-		t.Errorf("200 clients: aff-1 got %.1f%%, want 20%% within 12 points", share)
+	counts, failed := map[string]int{}, map[string]int{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	next := make(chan netip.Addr)
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for src := range next {
+				line, err := f.client.FirstLine(src, ap("198.18.0.26:80"), 2*time.Second)
+				name, _, _ := strings.Cut(line, " ")
+				mu.Lock()
+				if err != nil {
+					failed[err.Error()]++
+				} else {
+					counts[name]++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for _, src := range pool {
+		next <- src
+	}
+	close(next)
+	wg.Wait()
+	tol := sandbox.ShareTolerance(20, newClients, 4.5)
+	share := 100 * float64(counts["aff-1"]) / newClients
+	t.Logf("%d new clients: %v (aff-1 %.2f%%, configured 20%%, sigma %.2f points)", newClients, counts, share, sandbox.ShareTolerance(20, newClients, 1))
+	if len(failed) > 0 {
+		t.Errorf("%d new clients: connections failed: %v", newClients, failed)
+	}
+	if math.Abs(share-20) > tol || len(counts) != 2 {
+		t.Errorf("%d new clients: aff-1 got %.2f%%, want 20%% within %.1f points (4.5 sigma): %v", newClients, share, tol, counts)
 	}
 }
 

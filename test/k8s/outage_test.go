@@ -124,7 +124,10 @@ func TestAPIServerOutage(t *testing.T) {
 	if total.Failed() > 0 || total.Attempted != total.Requested {
 		t.Errorf("%d of %d connections failed during the outage (%v)", total.Failed(), total.Requested, total.Errors)
 	}
-	sandbox.ExpectShares(t, total, map[string]float64{"o1": 30, "o2": 70}, 2)
+	// As many connections as the outage allowed (about 2,000 a second,
+	// fewer on a loaded machine): the tolerance follows from that count,
+	// 4.5 sigma of the 30 % share (2 points held only from 9,450 on).
+	sandbox.ExpectShares(t, total, map[string]float64{"o1": 30, "o2": 70}, sandbox.ShareTolerance(30, total.OK(), 4.5))
 	during := e.agent.Log()[logAtStop:]
 	syncs := syncedLines(during)
 	fullSyncs := len(regexp.MustCompile(`msg=synced.* full=true`).FindAllString(during, -1))

@@ -179,6 +179,36 @@ func (s *Sandbox) AddAddrs(n *NS, first netip.Addr, count int) ([]netip.Addr, er
 	return out, nil
 }
 
+// AddPoolAddrs adds the first count addresses of ClientPool to client n
+// (the first client) and routes the pool to it from the node, for tests
+// that need more distinct client addresses than the client LAN holds (a
+// share of new clients under session affinity, counted one connection per
+// address). Addresses ending in .0 or .255 are left out.
+func (s *Sandbox) AddPoolAddrs(n *NS, count int) ([]netip.Addr, error) {
+	if cs := s.Clients(); len(cs) == 0 || cs[0] != n {
+		return nil, errors.New("sandbox: AddPoolAddrs: only the first client")
+	}
+	var out []netip.Addr
+	var cmds []string
+	for a := ClientPool.Addr(); len(out) < count; a = a.Next() {
+		if !ClientPool.Contains(a) {
+			return nil, fmt.Errorf("sandbox: AddPoolAddrs: %s holds fewer than %d usable addresses", ClientPool, count)
+		}
+		if b := a.As4()[3]; b == 0 || b == 255 {
+			continue
+		}
+		cmds = append(cmds, "addr add "+a.String()+"/32 dev eth0")
+		out = append(out, a)
+	}
+	if err := n.ipBatch(cmds...); err != nil {
+		return nil, err
+	}
+	if err := s.Node.ip("route", "add", ClientPool.String(), "via", n.Addr.String()); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // FirstLine opens one TCP connection from this namespace to dst (IPv4 or
 // IPv6), from source address src unless it is the zero Addr, and returns
 // the first line the server writes.

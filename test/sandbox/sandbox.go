@@ -23,6 +23,8 @@
 //	                 instead, which drops what it is sent just the same.
 //	198.19.1.0 -     pods: one namespace each, a routed /32 veth. The e2e
 //	198.19.127.255   tests run the agent with --cluster-cidr 198.19.0.0/17.
+//	198.19.160.0/19  the client pool: extra /32 addresses of the first
+//	                 client, routed to it by the node (AddPoolAddrs).
 //	198.19.254.0/24  the client LAN: node side .1, clients .2, .3, ...
 //	                 (outside the cluster CIDR, so the agent masquerades them).
 //
@@ -72,6 +74,9 @@ var (
 	ClusterCIDR = netip.MustParsePrefix("198.19.0.0/17")
 	// ClientLAN is the clients' subnet.
 	ClientLAN = netip.MustParsePrefix("198.19.254.0/24")
+	// ClientPool holds more client addresses, outside the cluster CIDR
+	// and the client LAN, routed to the first client (AddPoolAddrs).
+	ClientPool = netip.MustParsePrefix("198.19.160.0/19")
 	// NodeIP is the node's address (on its dummy interface).
 	NodeIP = netip.MustParseAddr("198.19.0.1")
 	// NodeLANIP is the node's address on the client LAN.
