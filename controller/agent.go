@@ -109,6 +109,22 @@ func (a *Agent) Sync() error {
 	start := clk.Now()
 	changed := -1
 	var drained Drained
+	// A source that can hold its caches still (ClusterSource) does so from
+	// the Drain to the end of Load: the snapshot built is then exactly the
+	// one the tracker compares the next events with.
+	locker, _ := a.Source.(sync.Locker)
+	if locker != nil && a.Tracker != nil {
+		locker.Lock()
+	} else {
+		locker = nil
+	}
+	unlock := func() {
+		if locker != nil {
+			locker.Unlock()
+			locker = nil
+		}
+	}
+	defer unlock()
 	if a.Tracker != nil {
 		drained = a.Tracker.Drain()
 		changed = len(drained.Services)
@@ -138,6 +154,7 @@ func (a *Agent) Sync() error {
 		// again costs about 0.2 CPU-s and 92 MB of garbage
 		// (BenchmarkBuild10kx10), which made such a sync take 0.5-1.6 s
 		// in bench-k8s; now it costs what the dataplane's check does.
+		unlock()
 		state, bad = *a.last, a.lastBad
 	} else {
 		// The Build makes a new State: let the last one go first, or
@@ -145,7 +162,7 @@ func (a *Agent) Sync() error {
 		// 10 endpoints; the agent's peak of memory was the Build of a
 		// partial sync). A failed sync leaves it nil: the next is full.
 		a.last = nil
-		state, svcs, routed, bad = a.load()
+		state, svcs, routed, bad = a.load(unlock)
 	}
 	built := clk.Now()
 	req := dataplane.SyncRequest{Full: full}
@@ -226,10 +243,12 @@ func oldestTrigger(ts []time.Time) (time.Time, bool) {
 // load reads the source and builds the desired state: every Service, the
 // work a sync does before the dataplane. bad counts the problems and input
 // errors (the InvalidAnnotations gauge).
-func (a *Agent) load() (state dataplane.State, svcs []*corev1.Service, routed map[dataplane.ServiceName]bool, bad int) {
+// loaded is called once the source has been read.
+func (a *Agent) load(loaded func()) (state dataplane.State, svcs []*corev1.Service, routed map[dataplane.ServiceName]bool, bad int) {
 	var slices []*discoveryv1.EndpointSlice
 	var errs []error
 	svcs, slices, errs = a.Source.Load()
+	loaded()
 	if a.Events != nil {
 		a.lastServices = make(map[string]*corev1.Service, len(svcs))
 		for _, s := range svcs {
