@@ -192,8 +192,23 @@ spec:
 		c.name, c.lo, c.hi, time.Since(start).Round(time.Second), res.total, vip, res.failed, res.classes, res.longestBurst, res.pods, res.load)
 	if res.failed != 0 {
 		mu.Lock()
-		t.Logf("failures:\n  %s\nevents:\n  %s", strings.Join(res.failures, "\n  "), strings.Join(res.events, "\n  "))
+		t.Logf("run started %s; failures:\n  %s\nevents:\n  %s", start.UTC().Format(time.RFC3339Nano),
+			strings.Join(res.failures, "\n  "), strings.Join(res.events, "\n  "))
 		mu.Unlock()
+		if kubeProxyMode == "" {
+			// The agent's syncs over the run (each logs its "queued":
+			// from the endpoint change to the sync's start).
+			if out, err := node.Kubectl(context.Background(), "-n", "steelyard", "logs", "ds/steelyard", "-c", "steelyard",
+				fmt.Sprintf("--since=%ds", int(time.Since(start).Seconds())+5)); err == nil {
+				var syncs []string
+				for _, l := range strings.Split(out, "\n") {
+					if strings.Contains(l, "synced") || strings.Contains(l, "level=warn") || strings.Contains(l, "level=error") {
+						syncs = append(syncs, l)
+					}
+				}
+				t.Logf("steelyard syncs during the run:\n%s", strings.Join(syncs, "\n"))
+			}
+		}
 	}
 	if r.ok() < 1000 {
 		t.Errorf("only %d connections succeeded", r.ok())
