@@ -163,13 +163,15 @@ type build struct {
 //     name, else for its IP; else its slice's AnnotationSliceWeight, else the
 //     slice's AnnotationCiliumWeight; else the Service's "*" entry; else
 //     DefaultWeight.
-//   - Readiness (kube-proxy's rule): only ready endpoints receive new
-//     connections; when none is ready, the serving and terminating ones do.
-//     Other endpoints stay in the state with Weight 0, as do endpoints
-//     weighted 0 (drained).
-//   - Locality and topology: an endpoint whose nodeName is NodeName is
-//     Local; with a Zone, EndpointSlice hints (or trafficDistribution
-//     PreferClose) mark the others OutOfZone (see applyTopology).
+//   - Readiness, locality and topology (kube-proxy's CategorizeEndpoints, see
+//     categorize): an endpoint whose nodeName is NodeName is Local. Cluster
+//     traffic goes to the ready endpoints that topology (EndpointSlice hints,
+//     trafficDistribution) keeps, else to every serving and terminating one;
+//     Local traffic to the ready local endpoints, else to the serving and
+//     terminating local ones: each category falls back on its own. An
+//     endpoint only Local traffic uses is LocalOnly. Endpoints in neither
+//     category stay in the state with Weight 0, as do endpoints weighted 0
+//     (drained).
 //   - Split: a Service with AnnotationSplit sends its connections to the named
 //     Services' endpoints (see splitBackends) instead of its own.
 //   - Two Service ports with the same VIP: the first by name wins, the other
@@ -433,7 +435,7 @@ func (bd *build) externalOf(si *serviceInfo, ip netip.Addr) dataplane.ServicePor
 }
 
 // backends returns the endpoints of one Service port with their weights, the
-// readiness rule applied.
+// readiness and topology rules applied (categorize).
 func (bd *build) backends(si *serviceInfo, port corev1.ServicePort, family discoveryv1.AddressType) []dataplane.Backend {
 	proto, _ := protocolOf(port.Protocol)
 	var out []dataplane.Backend
@@ -507,69 +509,8 @@ func (bd *build) backends(si *serviceInfo, port corev1.ServicePort, family disco
 			}
 		}
 	}
-	applyReadiness(out)
-	bd.applyTopology(si, out, hints)
+	bd.categorize(si, out, hints)
 	return out
-}
-
-// applyTopology marks OutOfZone the endpoints that topology keeps
-// cluster-wide traffic away from, the way kube-proxy reads hints: only when
-// this node has a zone, every usable endpoint carries zone hints, and at
-// least one is hinted for this zone; then only those get cluster-wide
-// traffic. trafficDistribution PreferClose without hints (no EndpointSlice
-// controller filled them, as with manifests) hints each endpoint for its own
-// zone, which is what that controller does. Weights then apply among the
-// endpoints that remain.
-func (bd *build) applyTopology(si *serviceInfo, bs []dataplane.Backend, hints [][]string) {
-	var td string
-	if si.svc.Spec.TrafficDistribution != nil {
-		td = *si.svc.Spec.TrafficDistribution
-	}
-	// PreferSameNode (KEP-3015): this node's endpoints when it has one,
-	// else the same as PreferSameZone.
-	if td == corev1.ServiceTrafficDistributionPreferSameNode && bd.b.NodeName != "" {
-		anyLocal := false
-		for _, b := range bs {
-			anyLocal = anyLocal || b.Weight > 0 && b.Local
-		}
-		if anyLocal {
-			for i := range bs {
-				bs[i].OutOfZone = bs[i].Weight > 0 && !bs[i].Local
-			}
-			return
-		}
-	}
-	zone := bd.b.Zone
-	if zone == "" {
-		return
-	}
-	// PreferSameZone is PreferClose's GA name.
-	preferClose := td == corev1.ServiceTrafficDistributionPreferClose || td == corev1.ServiceTrafficDistributionPreferSameZone ||
-		td == corev1.ServiceTrafficDistributionPreferSameNode
-	inZone := make([]bool, len(bs))
-	anyInZone := false
-	for i, b := range bs {
-		if b.Weight <= 0 {
-			continue
-		}
-		h := hints[i]
-		if len(h) == 0 && preferClose && b.Zone != "" {
-			h = []string{b.Zone}
-		}
-		if len(h) == 0 {
-			// One usable endpoint without hints: topology is off.
-			return
-		}
-		if slices.Contains(h, zone) {
-			inZone[i], anyInZone = true, true
-		}
-	}
-	if !anyInZone {
-		return
-	}
-	for i := range bs {
-		bs[i].OutOfZone = bs[i].Weight > 0 && !inZone[i]
-	}
 }
 
 // endpointWeight is the configured weight of one endpoint (see Build).
@@ -584,30 +525,6 @@ func endpointWeight(si *serviceInfo, sl *sliceInfo, pod string, ip netip.Addr) u
 		return si.weights.Default
 	}
 	return DefaultWeight
-}
-
-// applyReadiness zeroes the weight of the endpoints that must not receive new
-// connections: kube-proxy's rule, so a rollout behaves the same as without
-// steelyard. The endpoints stay, so established connections can drain.
-func applyReadiness(bs []dataplane.Backend) {
-	anyReady := false
-	for _, b := range bs {
-		if b.Ready {
-			anyReady = true
-			break
-		}
-	}
-	for i := range bs {
-		use := bs[i].Ready
-		if !anyReady {
-			// Fallback: keep serving through pods that are shutting down
-			// but still able to, rather than refusing connections.
-			use = bs[i].Serving && bs[i].Terminating
-		}
-		if !use {
-			bs[i].Weight = 0
-		}
-	}
 }
 
 // splitBackends returns the backends of port of Service x, which has a split:

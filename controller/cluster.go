@@ -92,7 +92,26 @@ type ClusterSource struct {
 
 	svcStore, sliceStore *watchStore
 	svcLW, sliceLW       cache.ListerWatcher
+	// snapshot is held by both stores while they write an object and tell
+	// the tracker, and by the agent while it drains the tracker and lists
+	// the stores (Lock, Unlock), so what a sync builds is exactly what the
+	// tracker compares the next events with.
+	snapshot sync.Mutex
 }
+
+// Lock keeps the stores from changing until Unlock: the agent holds it from
+// the tracker's Drain to the end of Load. Otherwise an event landing between
+// the two is built by that sync while the tracker still compares with the
+// object as it was at the Drain, and a later event that reverts it looks
+// like no change at all: the kernel kept the middle state until the next
+// change of that object or the next full sync
+// (TestAgentChangeBetweenDrainAndLoadThenReverted).
+func (c *ClusterSource) Lock() { c.snapshot.Lock() }
+
+// Unlock lets the stores change again.
+func (c *ClusterSource) Unlock() { c.snapshot.Unlock() }
+
+var _ sync.Locker = (*ClusterSource)(nil)
 
 // NewClusterSource returns a source over client; Start begins the watch.
 func NewClusterSource(client kubernetes.Interface, opts ClusterOptions) (*ClusterSource, error) {
@@ -107,6 +126,7 @@ func NewClusterSource(client kubernetes.Interface, opts ClusterOptions) (*Cluste
 		svcStore:   newWatchStore(),
 		sliceStore: newWatchStore(),
 	}
+	c.svcStore.mu, c.sliceStore.mu = &c.snapshot, &c.snapshot
 	c.services = corelisters.NewServiceLister(c.svcStore.Indexer)
 	c.slices = discoverylisters.NewEndpointSliceLister(c.sliceStore.Indexer)
 	svcs := client.CoreV1().Services(metav1.NamespaceAll)
@@ -261,6 +281,17 @@ type watchStore struct {
 	cache.Indexer
 	changed func(previous, current any)
 	synced  atomic.Bool
+	// mu, when set, is held across each write and its hook (see
+	// ClusterSource.Lock).
+	mu *sync.Mutex
+}
+
+func (s *watchStore) lock() func() {
+	if s.mu == nil {
+		return func() {}
+	}
+	s.mu.Lock()
+	return s.mu.Unlock
 }
 
 var _ cache.ReflectorStore = (*watchStore)(nil)
@@ -302,6 +333,7 @@ func stripUnread(obj any) (any, error) {
 
 // Update stores a changed object.
 func (s *watchStore) Update(obj any) error {
+	defer s.lock()()
 	obj, _ = stripUnread(obj)
 	previous, _, err := s.Indexer.Get(obj)
 	if err != nil {
@@ -316,6 +348,7 @@ func (s *watchStore) Update(obj any) error {
 
 // Delete removes an object; the hook gets the last state stored.
 func (s *watchStore) Delete(obj any) error {
+	defer s.lock()()
 	previous, ok, err := s.Indexer.Get(obj)
 	if err != nil {
 		return err
@@ -334,6 +367,7 @@ func (s *watchStore) Delete(obj any) error {
 // was lost) and reports what differs from the objects held: deletions
 // missed while the watch was down arrive here.
 func (s *watchStore) Replace(list []any, resourceVersion string) error {
+	defer s.lock()()
 	before := map[string]any{}
 	for _, o := range s.Indexer.List() {
 		if k, err := cache.MetaNamespaceKeyFunc(o); err == nil {

@@ -65,8 +65,11 @@ func (h *HealthChecks) Sync(s dataplane.State, req dataplane.SyncRequest) (datap
 }
 
 // HealthCheckCounts returns, per healthCheckNodePort of s, the Service and
-// its number of local endpoints that receive new connections (distinct
-// addresses over its ports and families).
+// its number of ready local endpoints that receive new connections
+// (distinct addresses over its ports and families). Serving-and-terminating
+// local endpoints still take the node's Local traffic when no local one is
+// ready, but are not counted, as in kube-proxy (LocalReadyEndpoints): the
+// load balancer should steer new traffic to other nodes while they drain.
 func HealthCheckCounts(s dataplane.State) map[uint16]HealthCheckStatus {
 	out := map[uint16]HealthCheckStatus{}
 	seen := map[uint16]map[netip.Addr]bool{}
@@ -82,7 +85,7 @@ func HealthCheckCounts(s dataplane.State) map[uint16]HealthCheckStatus {
 			seen[port] = map[netip.Addr]bool{}
 		}
 		for _, b := range sp.LocalBackends() {
-			if !seen[port][b.IP] {
+			if b.Ready && !seen[port][b.IP] {
 				seen[port][b.IP] = true
 				st.LocalEndpoints++
 			}

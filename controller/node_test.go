@@ -135,10 +135,8 @@ func TestAgentZoneFollowsNode(t *testing.T) {
 		}
 		var names []string
 		for _, sp := range d.last.Services {
-			for _, b := range sp.Backends {
-				if !b.OutOfZone {
-					names = append(names, b.Name)
-				}
+			for _, b := range sp.ClusterBackends() {
+				names = append(names, b.Name)
 			}
 		}
 		return names

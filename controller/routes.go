@@ -144,12 +144,17 @@ func (bd *build) routeBackends(route string, refs []RouteBackend, proto dataplan
 }
 
 // addPart appends bes to out, scaled so that together they weigh part:
-// effective weight of e = part * w_e / (sum of w in bes). An endpoint
-// already in out (reached through two parts) gets the sum of its weights.
+// effective weight of e = part * w_e / (sum of w over the cluster endpoints
+// of bes). The sum leaves out LocalOnly endpoints, so cluster traffic gives
+// each part its share whatever topology or the terminating fallback keeps
+// for Local traffic. An endpoint already in out (reached through two parts)
+// gets the sum of its weights, and is LocalOnly only if it is in both.
 func addPart(out []dataplane.Backend, index map[netip.AddrPort]int, bes []dataplane.Backend, part uint32) []dataplane.Backend {
 	var sum float64
 	for _, be := range bes {
-		sum += be.Weight
+		if !be.LocalOnly {
+			sum += be.Weight
+		}
 	}
 	for _, be := range bes {
 		if part == 0 || sum == 0 {
@@ -161,6 +166,7 @@ func addPart(out []dataplane.Backend, index map[netip.AddrPort]int, bes []datapl
 		}
 		if i, dup := index[be.Addr()]; dup {
 			out[i].Weight += be.Weight
+			out[i].LocalOnly = out[i].LocalOnly && be.LocalOnly
 			continue
 		}
 		index[be.Addr()] = len(out)

@@ -72,9 +72,11 @@ type Backend struct {
 	// Name is the endpoint's pod name (EndpointSlice targetRef.name), or "".
 	Name string
 	// Weight is the effective weight: the share of new connections is
-	// Weight / (sum of the Weights of the ServicePort). Zero means "no new
-	// connections" (drained by weight 0, not ready, or left out by the
-	// terminating fallback) while established connections keep flowing.
+	// Weight / (sum of the Weights of the backends the traffic's category
+	// uses: ClusterBackends or LocalBackends). Zero means "no new
+	// connections" (drained by weight 0, not ready, left out by the
+	// terminating fallback, or kept away by topology and not local) while
+	// established connections keep flowing.
 	// It is fractional when a split across Services divides a part among
 	// the endpoints of one Service.
 	Weight float64
@@ -91,10 +93,12 @@ type Backend struct {
 	// Local is true when the endpoint runs on this node: the only endpoints
 	// that receive traffic under a Local traffic policy.
 	Local bool
-	// OutOfZone is true when topology (EndpointSlice hints, or
-	// trafficDistribution PreferClose) keeps cluster-wide traffic away from
-	// this endpoint. It still counts for Local policies, as in kube-proxy.
-	OutOfZone bool
+	// LocalOnly is true when cluster-wide traffic leaves this active
+	// endpoint out and only Local traffic policies use it: topology
+	// (EndpointSlice hints, trafficDistribution) keeps cluster traffic in
+	// another zone or node, or it is terminating while other nodes have
+	// ready endpoints (kube-proxy's fallback per category).
+	LocalOnly bool
 }
 
 // Addr returns the backend's IP:port.
@@ -159,13 +163,16 @@ func (s *ServicePort) HasExternal() bool {
 }
 
 // ClusterBackends returns the backends that cluster-wide traffic is split
-// across: active and not kept away by topology; stable order.
+// across: active and not LocalOnly; stable order. The controller never
+// leaves it empty while LocalBackends has one.
 func (s *ServicePort) ClusterBackends() []Backend {
 	out := s.Active()
-	return slices.DeleteFunc(out, func(b Backend) bool { return b.OutOfZone })
+	return slices.DeleteFunc(out, func(b Backend) bool { return b.LocalOnly })
 }
 
-// LocalBackends returns the active backends on this node; stable order.
+// LocalBackends returns the active backends on this node, which Local
+// traffic policies use (the controller has already chosen between ready
+// and terminating ones); stable order.
 func (s *ServicePort) LocalBackends() []Backend {
 	out := s.Active()
 	return slices.DeleteFunc(out, func(b Backend) bool { return !b.Local })

@@ -257,7 +257,7 @@ func TestSessionAffinity(t *testing.T) {
 
 func TestTopologyExcludedEndpoints(t *testing.T) {
 	out := be("198.19.1.3", 8080, 90)
-	out.OutOfZone = true
+	out.LocalOnly = true
 	sp := svcPort("ns", "web", "http", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2", 8080, 10), out, be("198.19.1.4", 8080, 30))
 	rs, _ := paritySync(t, dataplane.State{Services: []dataplane.ServicePort{sp}})
 	got, _ := traceFrom(t, rs, "198.19.1.9", "198.18.0.10", 80, false, false)

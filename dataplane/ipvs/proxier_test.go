@@ -648,7 +648,7 @@ func TestFullSyncRestoresRules(t *testing.T) {
 func TestInternalBackendsAffinityAndIPv6(t *testing.T) {
 	k := newTestKernel(t)
 	web := svc("web", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2:8080", 1), be("198.19.2.2:8080", 3))
-	web.Backends[0].OutOfZone = true
+	web.Backends[0].LocalOnly = true
 	web.AffinitySeconds = 600
 	v6 := svc("web6", "2001:2::10", 80, dataplane.TCP, be("[2001:2:1::2]:8080", 1))
 	k.sync(t, state(web, v6), true)

@@ -17,7 +17,7 @@ import (
 
 func local(b dataplane.Backend) dataplane.Backend { b.Local = true; return b }
 
-func far(b dataplane.Backend) dataplane.Backend { b.OutOfZone = true; return b }
+func far(b dataplane.Backend) dataplane.Backend { b.LocalOnly = true; return b }
 
 // TestParityEveryEntryPoint renders each row of the README's Service
 // features table and checks what explain reads back from the Fake's state

@@ -76,6 +76,7 @@ var kernelCases = []kernelCase{
 	{name: "ExternalIPsAndLoadBalancerSourceRanges", needs: []feature{featExternalIP, featLoadBalancer}, run: caseExternalIPsAndLoadBalancerSourceRanges},
 	{name: "ExternalTrafficPolicyLocal", needs: []feature{featNodePort, featLocalPolicy}, run: caseExternalTrafficPolicyLocal},
 	{name: "InternalTrafficPolicyLocal", needs: []feature{featLocalPolicy}, run: caseInternalTrafficPolicyLocal},
+	{name: "TerminatingFallbackPerCategory", needs: []feature{featNodePort, featLocalPolicy}, run: caseTerminatingFallbackPerCategory},
 	{name: "SessionAffinity", needs: []feature{featAffinity}, run: caseSessionAffinity},
 	{name: "TopologyHints", run: caseTopologyHints},
 	{name: "IPv6", run: func(t *testing.T, m dpMode) { caseIPv6(t, m, false) }},

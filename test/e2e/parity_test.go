@@ -60,6 +60,9 @@ type pEndpoint struct {
 	node     string   // "" : this node
 	zone     string   // topology zone
 	hints    []string // forZones
+	// terminating: serving and terminating (a pod in its grace period),
+	// not ready.
+	terminating bool
 }
 
 // pService is a parity Service: svc's fields plus the entry points and
@@ -118,6 +121,10 @@ func (s pService) objects(t *testing.T) []any {
 				Conditions: discoveryv1.EndpointConditions{Ready: &ready},
 				TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: testNamespace, Name: e.name},
 				NodeName:   &node,
+			}
+			if e.terminating {
+				yes, no := true, false
+				ep.Conditions = discoveryv1.EndpointConditions{Ready: &no, Serving: &yes, Terminating: &yes}
 			}
 			if e.zone != "" {
 				ep.Zone = &e.zone
@@ -393,6 +400,60 @@ func caseInternalTrafficPolicyLocal(t *testing.T, m dpMode) {
 	conns(t, pod, "clusterIP from a pod, Local policy", ap("198.18.0.24:80"), 2000, map[string]float64{"itp-1": 25, "itp-2": 75}, 4)
 	conns(t, f.sb.Node, "clusterIP from the node, Local policy", ap("198.18.0.24:80"), 2000, map[string]float64{"itp-1": 25, "itp-2": 75}, 4)
 	dropped(t, pod, "clusterIP without a local endpoint", ap("198.18.0.25:80"))
+}
+
+// caseTerminatingFallbackPerCategory: the only local endpoint is serving
+// and terminating while another node has a ready one. kube-proxy
+// (CategorizeEndpoints) falls back per category: Local traffic keeps using
+// the terminating local endpoint, cluster traffic the ready remote one, and
+// the health check node port counts ready local endpoints only (0: 503).
+func caseTerminatingFallbackPerCategory(t *testing.T, m dpMode) {
+	etp := pService{
+		name: "fb", clusterIPs: []string{"198.18.0.33"}, port: 80, targetPort: 8080,
+		endpoints: []pEndpoint{
+			{name: "fb-1", ip: "198.19.29.2", terminating: true},
+			{name: "fb-2", ip: "198.19.29.3", node: "other-node"},
+		},
+		tweak: func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeNodePort
+			s.Spec.Ports[0].NodePort = 30087
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			s.Spec.HealthCheckNodePort = 30997
+		},
+	}
+	itp := pService{
+		name: "fbi", clusterIPs: []string{"198.18.0.34"}, port: 80, targetPort: 8080,
+		endpoints: []pEndpoint{
+			{name: "fbi-1", ip: "198.19.29.4", terminating: true},
+			{name: "fbi-2", ip: "198.19.29.5", node: "other-node"},
+		},
+		tweak: func(s *corev1.Service) {
+			p := corev1.ServiceInternalTrafficPolicyLocal
+			s.Spec.InternalTrafficPolicy = &p
+		},
+	}
+	f := newFixture(t, m)
+	f.addSourcePods(etp, itp)
+	f.writeParity("fallback.yaml", etp, itp)
+	f.start()
+	views := f.explain()
+	for _, key := range []string{"0.0.0.0:30087/TCP", "198.18.0.33:80/TCP", "198.18.0.34:80/TCP"} {
+		t.Logf("explain: %s", findView(t, views, key).Line())
+	}
+	// One endpoint per category: every connection goes to it (a single
+	// stray one fails the test).
+	conns(t, f.client, "node port, Local policy, only a terminating local endpoint", ap("198.19.254.1:30087"), 300, map[string]float64{"fb-1": 100}, 0)
+	conns(t, f.client, "clusterIP, Cluster policy", ap("198.18.0.33:80"), 300, map[string]float64{"fb-2": 100}, 0)
+	pod := f.sb.Pod("fbi-2").NS
+	conns(t, pod, "clusterIP from a pod, internal Local policy", ap("198.18.0.34:80"), 300, map[string]float64{"fbi-1": 100}, 0)
+	code, body, err := f.client.HTTPGet("http://198.19.254.1:30997/healthz", 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("health check node port 30997: %d %s", code, strings.TrimSpace(body))
+	if code != 503 || !strings.Contains(body, `"localEndpoints":0`) {
+		t.Errorf("health check node port: %d %s, want 503 with 0 local endpoints (the local one is terminating)", code, body)
+	}
 }
 
 // caseSessionAffinity matters in both iptables flavours: -m recent and

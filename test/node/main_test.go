@@ -58,7 +58,16 @@ func testMain(m *testing.M) int {
 			fmt.Fprintln(os.Stderr, "node: teardown:", err)
 		}
 	}()
-	if err := install(ctx); err != nil {
+	if kubeProxyMode != "" {
+		// The comparison run: kube-proxy instead of steelyard (and no
+		// steelyard-cni in the conflist). Only the tests that do not
+		// look at steelyard itself mean anything then (-run TestScaleChurn).
+		if err := c.StartKubeProxy(ctx, kubeProxyMode); err != nil {
+			fmt.Fprintf(os.Stderr, "node: kube-proxy: %v\n%s", err, c.Logs(40))
+			return 1
+		}
+		log.Printf("node: kube-proxy (%s mode) instead of steelyard", kubeProxyMode)
+	} else if err := install(ctx); err != nil {
 		fmt.Fprintf(os.Stderr, "node: install: %v\n%s", err, c.Logs(40))
 		return 1
 	}
@@ -72,6 +81,12 @@ func testMain(m *testing.M) int {
 	}
 	return code
 }
+
+// kubeProxyMode, from $STEELYARD_NODE_KUBE_PROXY ("iptables" or
+// "nftables"), runs the suite's node with kube-proxy v1.37.2 of the
+// control-plane cache instead of steelyard, to compare the same load
+// (e.g. -run TestScaleChurn); empty: steelyard from manifests/.
+var kubeProxyMode = os.Getenv("STEELYARD_NODE_KUBE_PROXY")
 
 // manifestsDir is the repository's manifests/.
 func manifestsDir() string {
@@ -321,6 +336,11 @@ func inSteelyard(t testing.TB, argv ...string) (string, error) {
 // equals the desired state.
 func waitVerify(t testing.TB, timeout time.Duration) {
 	t.Helper()
+	if kubeProxyMode != "" {
+		// kube-proxy has no verify: give it its sync time instead.
+		time.Sleep(2 * time.Second)
+		return
+	}
 	deadline := time.Now().Add(timeout)
 	for {
 		out, err := inSteelyard(t, "steelyard", "verify")
