@@ -52,7 +52,9 @@ modules=(ip_vs ip_vs_rr ip_vs_wrr ip_vs_lc ip_vs_wlc ip_vs_sh ip_vs_mh nf_conntr
 	xt_addrtype xt_nat nf_conntrack_netlink ip6_tables ip6table_nat ip6table_filter crc32c-intel
 	nf_tables nft_chain_nat nft_ct nft_nat nft_masq nft_numgen nft_reject nft_reject_inet
 	nft_reject_ipv4 nft_reject_ipv6 nft_fib nft_fib_inet nft_fib_ipv4 nft_fib_ipv6 nft_objref
-	sctp xt_sctp)
+	sctp xt_sctp xt_statistic xt_recent xt_tcpudp ipt_REJECT ip6t_REJECT)
+# The iptables mode (test/ipvs/sctp_test.go) also needs -m statistic,
+# -m recent, -m tcp/udp and REJECT.
 # SCTP: sockets (sctp) and iptables' -m sctp (xt_sctp); conntrack, NAT and
 # IPVS carry SCTP built in on Debian's 6.1 (NF_CT_PROTO_SCTP=y,
 # IP_VS_PROTO_SCTP=y), and nft's "sctp dport" is a payload match of
@@ -105,6 +107,13 @@ build_base() {
 	xt=$(dirname "$(ls /usr/lib/*/xtables/libxt_comment.so | head -1)")
 	mkdir -p "$root$xt"
 	cp -L "$xt"/*.so "$root$xt/"
+	# ... with their own libraries (libxt_statistic.so needs libm, which
+	# no tool above pulls in; the iptables mode's restores load it).
+	for lib in $(ldd "$xt"/*.so 2>/dev/null | grep -v ':$' | grep -oE '/[^ ]+' | sort -u); do
+		[ -e "$root$lib" ] && continue
+		mkdir -p "$root$(dirname "$lib")"
+		cp -Ln "$lib" "$root$lib"
+	done
 	for n in iptables iptables-save iptables-restore iptables-legacy iptables-legacy-save iptables-legacy-restore \
 		ip6tables ip6tables-save ip6tables-restore ip6tables-legacy ip6tables-legacy-save ip6tables-legacy-restore; do
 		ln -s xtables-legacy-multi "$root/usr/sbin/$n"

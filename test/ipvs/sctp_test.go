@@ -40,12 +40,15 @@ endpoints:
   - {addresses: ["198.19.30.3"], conditions: {ready: true}, targetRef: {kind: Pod, namespace: sctp, name: sig-2}}
 `
 
-// sctpN is the number of associations per entry point and mode. At p = 0.1
-// one standard deviation of the observed share is sqrt(p(1-p)/N) = 0.67
-// points; the random modes (iptables, nftables) must land within 4.5 of
-// them (10 +- 3.0 %), a false alarm about once in 150,000 runs.
+// sctpN is the number of associations per entry point in the random modes
+// (iptables, nftables). At p = 0.1 one standard deviation of the observed
+// share is sqrt(p(1-p)/N) = 0.67 points; they must land within 4.5 of them
+// (10 +- 3.0 %), a false alarm about once in 150,000 runs. IPVS's wrr is
+// deterministic, so sctpNIPVS associations split exactly 1 in 10. Under
+// TCG on a loaded host the VM makes 38-84 associations a second.
 const (
 	sctpN      = 2000
+	sctpNIPVS  = 500
 	sctpP      = 0.10
 	sctpSigmas = 4.5
 )
@@ -121,7 +124,11 @@ func sctpMode(t *testing.T, mode string) {
 		for n, s := range servers {
 			before[n] = s.Accepted()
 		}
-		r, err := client.SCTPConns(netip.MustParseAddrPort(dst), sctpN, load)
+		n := sctpN
+		if mode == "ipvs" {
+			n = sctpNIPVS
+		}
+		r, err := client.SCTPConns(netip.MustParseAddrPort(dst), n, load)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -142,7 +149,7 @@ func sctpMode(t *testing.T, mode string) {
 		if mode == "ipvs" {
 			// wrr is deterministic: exactly 1 in 10 (kube-proxy's IPVS
 			// mode uses rr; steelyard's weights need wrr).
-			expectExact(t, r, map[string]int{"sig-1": sctpN / 10, "sig-2": sctpN * 9 / 10}, 10)
+			expectExact(t, r, map[string]int{"sig-1": n / 10, "sig-2": n * 9 / 10}, 5)
 			continue
 		}
 		sigma := 100 * math.Sqrt(sctpP*(1-sctpP)/float64(r.OK()))
