@@ -42,12 +42,13 @@ endpoints:
 
 // sctpN is the number of associations per entry point in the random modes
 // (iptables, nftables). At p = 0.1 one standard deviation of the observed
-// share is sqrt(p(1-p)/N) = 0.67 points; they must land within 4.5 of them
-// (10 +- 3.0 %), a false alarm about once in 150,000 runs. IPVS's wrr is
+// share is sqrt(p(1-p)/N) = 0.77 points; they must land within 4.5 of them
+// (10 +- 3.5 %), a false alarm about once in 150,000 runs. IPVS's wrr is
 // deterministic, so sctpNIPVS associations split exactly 1 in 10. Under
-// TCG on a loaded host the VM makes 38-84 associations a second.
+// TCG the VM makes 25-180 associations a second (host load 34 to 14), so
+// TestSCTP takes 3 to 6 minutes.
 const (
-	sctpN      = 2000
+	sctpN      = 1500
 	sctpNIPVS  = 500
 	sctpP      = 0.10
 	sctpSigmas = 4.5
@@ -98,8 +99,10 @@ func sctpMode(t *testing.T, mode string) {
 		if exited, aerr := a.Exited(); exited {
 			t.Fatalf("agent exited: %v\n%s", aerr, a.Log())
 		}
-		if time.Since(start) > 30*time.Second {
-			t.Fatalf("verify --mode %s still fails after 30 s: %v\n%s\nagent log:\n%s", mode, err, out, tail(a.Log(), 40))
+		// The iptables mode's first sync took over 30 s once under TCG
+		// at host load 25.
+		if time.Since(start) > 90*time.Second {
+			t.Fatalf("verify --mode %s still fails after 90 s: %v\n%s\nagent log:\n%s", mode, err, out, tail(a.Log(), 40))
 		}
 		time.Sleep(300 * time.Millisecond)
 	}
@@ -118,7 +121,10 @@ func sctpMode(t *testing.T, mode string) {
 	}
 	sctpKernelTable(t, f, mode)
 
-	load := sandbox.Load{Concurrency: 16, Timeout: 5 * time.Second}
+	// SCTP retransmits a lost INIT or COOKIE ECHO after RTO.initial, 3 s;
+	// under TCG on a loaded host allow for one (1 in 2,000 needed it at
+	// load 34).
+	load := sandbox.Load{Concurrency: 16, Timeout: 10 * time.Second}
 	for _, dst := range []string{"198.18.0.40:2905", "198.19.254.1:30905"} {
 		before := map[string]int64{}
 		for n, s := range servers {
