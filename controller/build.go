@@ -148,8 +148,8 @@ type build struct {
 //   - Services: ExternalName and headless (clusterIP None) Services are
 //     skipped; a Service without a valid clusterIP is skipped with a Problem.
 //     Each clusterIP (clusterIPs, one per family) of a family the Builder
-//     builds (IPv4; IPv6 after EnableIPv6) gives its own Service ports. Only
-//     TCP and UDP ports are built; an empty protocol means TCP.
+//     builds (IPv4; IPv6 after EnableIPv6) gives its own Service ports. TCP,
+//     UDP and SCTP ports are built; an empty protocol means TCP.
 //   - Entry points and policies (see externalOf): the node port (not for
 //     type ClusterIP), externalIPs and load-balancer ingress IPs of the
 //     clusterIP's family, loadBalancerSourceRanges, external and internal
@@ -626,6 +626,8 @@ func protocolOf(p corev1.Protocol) (dataplane.Protocol, bool) {
 		return dataplane.TCP, true
 	case corev1.ProtocolUDP:
 		return dataplane.UDP, true
+	case corev1.ProtocolSCTP:
+		return dataplane.SCTP, true
 	}
 	return "", false
 }

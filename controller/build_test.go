@@ -191,6 +191,7 @@ func TestBuild(t *testing.T) {
 		// listed must not be in the state.
 		want         map[string][]dataplane.Backend
 		wantVIPs     map[string]string // optional: "ns/name:port" -> VIP
+		wantNodePort map[string]uint16 // optional: "ns/name:port" -> node port
 		wantProblems []string
 	}{
 		{
@@ -405,11 +406,36 @@ func TestBuild(t *testing.T) {
 					s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: "sig", Port: 2905, Protocol: corev1.ProtocolSCTP})
 				}),
 			},
-			want: map[string][]dataplane.Backend{"demo/sctp:http": nil},
+			want: map[string][]dataplane.Backend{"demo/sctp:http": nil, "demo/sctp:sig": nil},
 			wantProblems: []string{
 				`demo/badip: invalid clusterIP "198.18.0.300", Service skipped`,
 				"demo/noip: no clusterIP, Service skipped",
 			},
+		},
+		{
+			// An SCTP port is built like TCP and UDP ones; the slice port
+			// must match its name and protocol (a TCP "sig" is another port).
+			name: "SCTP port: weights, node port, slice port by protocol",
+			services: []*corev1.Service{makeService(ns, "sig", func(s *corev1.Service) {
+				s.Spec.ClusterIP = "198.18.0.4"
+				s.Spec.Type = corev1.ServiceTypeNodePort
+				s.Spec.Ports = []corev1.ServicePort{{Name: "sig", Port: 2905, NodePort: 30905, Protocol: corev1.ProtocolSCTP}}
+				annotate(&s.ObjectMeta, AnnotationWeights, "sig-1=10,sig-2=90")
+			})},
+			slices: []*discoveryv1.EndpointSlice{
+				makeSlice(ns, "sig", "sig-a", []discoveryv1.Endpoint{ready("198.19.4.1", "sig-1"), ready("198.19.4.2", "sig-2")}, func(sl *discoveryv1.EndpointSlice) {
+					sl.Ports = []discoveryv1.EndpointPort{slicePortOf("sig", 3905, corev1.ProtocolTCP), slicePortOf("sig", 2905, corev1.ProtocolSCTP)}
+				}),
+				makeSlice(ns, "sig", "sig-tcp", []discoveryv1.Endpoint{ready("198.19.4.3", "sig-3")}, func(sl *discoveryv1.EndpointSlice) {
+					sl.Ports = []discoveryv1.EndpointPort{slicePortOf("sig", 2905, corev1.ProtocolTCP)}
+				}),
+			},
+			want: map[string][]dataplane.Backend{"demo/sig:sig": {
+				backend("198.19.4.1:2905", "sig-1", 10, condReady),
+				backend("198.19.4.2:2905", "sig-2", 90, condReady),
+			}},
+			wantVIPs:     map[string]string{"demo/sig:sig": "198.18.0.4:2905/SCTP"},
+			wantNodePort: map[string]uint16{"demo/sig:sig": 30905},
 		},
 		{
 			name: "duplicate port name (manifests only): first wins",
@@ -627,6 +653,9 @@ func TestBuild(t *testing.T) {
 				}
 				if vip, ok := tc.wantVIPs[name]; ok && sp.VIP.String() != vip {
 					t.Errorf("%s VIP = %s, want %s", name, sp.VIP, vip)
+				}
+				if np, ok := tc.wantNodePort[name]; ok && sp.NodePort != np {
+					t.Errorf("%s node port = %d, want %d", name, sp.NodePort, np)
 				}
 			}
 			for name := range got {

@@ -156,7 +156,9 @@ func udpTargets(s *dataplane.State) map[entryPoint]*udpTarget {
 // endpoint that still serves keeps its established flows, as kube-proxy
 // does and as TCP connections do. Entries of endpoints that stay and of
 // other addresses are never selected. The result is empty when nothing
-// changed.
+// changed. TCP and SCTP entries are never selected: both protocols end
+// their connections with packets conntrack sees, and kube-proxy too clears
+// only UDP (kubernetes#115299 found its SCTP clearing had never run).
 func StaleFlows(prev, next *dataplane.State) []conntrack.Filter {
 	before, after := udpTargets(prev), udpTargets(next)
 	var out []conntrack.Filter

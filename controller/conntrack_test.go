@@ -111,6 +111,10 @@ func TestStaleFlows(t *testing.T) {
 	ntp := udpPort("ntp", ntpVIP, udpBackend(ntp1, 1, true))
 	tcp := exposed(both)
 	tcp.VIP.Protocol = dataplane.TCP
+	sctp := exposed(both)
+	sctp.VIP.Protocol = dataplane.SCTP
+	sctpGone := exposed(only2)
+	sctpGone.VIP.Protocol = dataplane.SCTP
 	etpLocal := func(sp dataplane.ServicePort) dataplane.ServicePort {
 		sp = exposed(sp)
 		sp.ExternalLocal = true
@@ -181,6 +185,9 @@ func TestStaleFlows(t *testing.T) {
 			return sp
 		}()}, nil, []conntrack.Filter{addrFilter(dnsVIP6), npFilter(dnsNP, 6)}},
 		{"TCP is left to TCP", []dataplane.ServicePort{tcp}, nil, nil},
+		// SCTP associations end with SHUTDOWN or ABORT, which conntrack
+		// sees; kube-proxy clears only UDP (kubernetes#115299).
+		{"SCTP is left to SCTP", []dataplane.ServicePort{sctp}, []dataplane.ServicePort{sctpGone}, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -20,11 +20,13 @@ type Protocol string
 
 // The protocols steelyard forwards.
 const (
-	TCP Protocol = "TCP"
-	UDP Protocol = "UDP"
+	TCP  Protocol = "TCP"
+	UDP  Protocol = "UDP"
+	SCTP Protocol = "SCTP"
 )
 
-// Lower returns the protocol as iptables and nft spell it ("tcp", "udp").
+// Lower returns the protocol as iptables, nft and ipset spell it ("tcp",
+// "udp", "sctp").
 func (p Protocol) Lower() string { return strings.ToLower(string(p)) }
 
 // ServicePortName identifies one port of one Service: "namespace/name:port".

@@ -156,6 +156,8 @@ func protocol(p uint8) dataplane.Protocol {
 		return dataplane.TCP
 	case unix.IPPROTO_UDP:
 		return dataplane.UDP
+	case unix.IPPROTO_SCTP:
+		return dataplane.SCTP
 	}
 	return dataplane.Protocol(fmt.Sprintf("proto-%d", p))
 }

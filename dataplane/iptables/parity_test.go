@@ -65,11 +65,18 @@ func paritySync(t *testing.T, s dataplane.State) (*Ruleset, map[string]dataplane
 // is masqueraded ("all"), none is ("none") or some are ("mixed").
 func traceFrom(t *testing.T, rs *Ruleset, src, dst string, dport int, srcLocal, dstLocal bool) (map[string]float64, string) {
 	t.Helper()
+	return traceProto(t, rs, "tcp", src, dst, dport, srcLocal, dstLocal)
+}
+
+// traceProto is traceFrom for a new connection of protocol proto ("tcp",
+// "udp", "sctp").
+func traceProto(t *testing.T, rs *Ruleset, proto, src, dst string, dport int, srcLocal, dstLocal bool) (map[string]float64, string) {
+	t.Helper()
 	start := Chain("PREROUTING")
 	if srcLocal {
 		start = "OUTPUT"
 	}
-	p := Packet{Src: netip.MustParseAddr(src), Dst: netip.MustParseAddr(dst), Protocol: "tcp", DPort: dport, SrcLocal: srcLocal, DstLocal: dstLocal}
+	p := Packet{Src: netip.MustParseAddr(src), Dst: netip.MustParseAddr(dst), Protocol: proto, DPort: dport, SrcLocal: srcLocal, DstLocal: dstLocal}
 	outs, err := rs.Trace(TableNAT, start, p)
 	if err != nil {
 		t.Fatal(err)
@@ -438,11 +445,17 @@ func traceCases(t *testing.T, rs *Ruleset, cases []traceCase) {
 	t.Helper()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, masq := traceFrom(t, rs, tc.src, tc.dst, tc.port, tc.srcLocal, tc.dstLoc)
-			wantShares(t, tc.name, got, tc.want)
-			if masq != tc.masq {
-				t.Errorf("masquerade %s, want %s", masq, tc.masq)
-			}
+			traceCheck(t, rs, "tcp", tc)
 		})
+	}
+}
+
+// traceCheck traces tc with protocol proto and checks shares and masquerade.
+func traceCheck(t *testing.T, rs *Ruleset, proto string, tc traceCase) {
+	t.Helper()
+	got, masq := traceProto(t, rs, proto, tc.src, tc.dst, tc.port, tc.srcLocal, tc.dstLoc)
+	wantShares(t, tc.name, got, tc.want)
+	if masq != tc.masq {
+		t.Errorf("masquerade %s, want %s", masq, tc.masq)
 	}
 }

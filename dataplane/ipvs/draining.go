@@ -23,8 +23,8 @@ const drainCheckInterval = time.Second
 // drainGone handles the live destinations of l that w no longer has, as
 // kube-proxy's graceful termination does: weight 0 first, so established
 // connections go on while new ones go elsewhere, then deleted once idle
-// (no active connection; for UDP none at all) or after GracefulPeriod. It
-// returns the number of writes and the errors.
+// (no active TCP connection or SCTP association; for UDP no entry at all)
+// or after GracefulPeriod. It returns the number of writes and the errors.
 func (p *Proxier) drainGone(w *wantService, l *liveService, now time.Time, lg *logrus.Entry) (int, []error) {
 	vip := w.vs.Key()
 	writes := 0
@@ -47,6 +47,8 @@ func (p *Proxier) drainGone(w *wantService, l *liveService, now time.Time, lg *l
 			since = now
 			d[addr] = now
 		}
+		// SCTP counts as TCP: an association is active until SHUTDOWN
+		// (kube-proxy deletes SCTP destinations at once, as UDP ones).
 		idle := cur.ActiveConn == 0
 		if w.vs.Protocol == dataplane.UDP {
 			idle = cur.ActiveConn+cur.InactiveConn == 0

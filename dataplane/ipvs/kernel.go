@@ -92,8 +92,11 @@ func NewKernel() (Interface, error) {
 }
 
 func protoNum(p dataplane.Protocol) uint16 {
-	if p == dataplane.UDP {
+	switch p {
+	case dataplane.UDP:
 		return syscall.IPPROTO_UDP
+	case dataplane.SCTP:
+		return syscall.IPPROTO_SCTP // 132; needs the kernel's ip_vs built with SCTP
 	}
 	return syscall.IPPROTO_TCP
 }
@@ -151,6 +154,8 @@ func (k *kernelIPVS) VirtualServers() ([]VirtualServer, error) {
 			p = dataplane.TCP
 		case syscall.IPPROTO_UDP:
 			p = dataplane.UDP
+		case syscall.IPPROTO_SCTP:
+			p = dataplane.SCTP
 		default:
 			continue
 		}

@@ -50,6 +50,10 @@ func netlinkStates() [][]dataplane.State {
 	v6l := np(svcPort("v6-local", "2001:2::12", 53, dataplane.UDP, local(be("2001:2::1:4", 5353, 1)), be("2001:2::1:5", 5353, 3)), 30084)
 	v6l.ExternalLocal = true
 	add(v6l)
+	// SCTP: the same shapes with protocol 132 (no sctp module needed to
+	// load the rules; the VM suite sends real associations).
+	add(np(svcPort("k", "198.18.0.20", 2905, dataplane.SCTP, be("198.19.1.22", 2905, 10), be("198.19.1.23", 2905, 90)), 30085))
+	add(np(svcPort("v6-sctp", "2001:2::13", 2905, dataplane.SCTP, be("2001:2::1:6", 2905, 1), be("2001:2::1:7", 2905, 3)), 30086))
 
 	type mut func(i int, sp *dataplane.ServicePort)
 	muts := []mut{

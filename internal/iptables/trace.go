@@ -10,7 +10,7 @@ import (
 // Packet is the first packet of a new connection, as the tracer sees it.
 type Packet struct {
 	Src, Dst netip.Addr
-	Protocol string // "tcp" or "udp"
+	Protocol string // "tcp", "udp" or "sctp", as -p spells it
 	DPort    int
 	Mark     uint32
 	// SrcLocal and DstLocal tell whether the source and destination are

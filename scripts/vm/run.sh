@@ -8,7 +8,8 @@
 #
 # The guest has busybox, iproute2's ip, ipvsadm, ipset, iptables and
 # ip6tables (legacy), nft, the IPVS, conntrack, NAT (both families), ipset,
-# nf_tables, veth and dummy modules (loaded at boot; IPv6 itself is built into the kernel),
+# nf_tables, SCTP (sctp, xt_sctp), veth and dummy modules (loaded at boot;
+# IPv6 itself is built into the kernel),
 # and every --add file. COMMAND runs as root in /work with PATH set; /tmp is
 # a tmpfs. The base initramfs (kernel, modules, tools) is built once and
 # cached under $HOME/.cache/steelyard/vm-<kernel version>; the added files go
@@ -50,7 +51,14 @@ modules=(ip_vs ip_vs_rr ip_vs_wrr ip_vs_lc ip_vs_wlc ip_vs_sh ip_vs_mh nf_conntr
 	x_tables ip_tables iptable_nat iptable_filter xt_MASQUERADE xt_mark xt_comment xt_conntrack
 	xt_addrtype xt_nat nf_conntrack_netlink ip6_tables ip6table_nat ip6table_filter crc32c-intel
 	nf_tables nft_chain_nat nft_ct nft_nat nft_masq nft_numgen nft_reject nft_reject_inet
-	nft_reject_ipv4 nft_reject_ipv6 nft_fib nft_fib_inet nft_fib_ipv4 nft_fib_ipv6 nft_objref)
+	nft_reject_ipv4 nft_reject_ipv6 nft_fib nft_fib_inet nft_fib_ipv4 nft_fib_ipv6 nft_objref
+	sctp xt_sctp xt_statistic xt_recent xt_tcpudp ipt_REJECT ip6t_REJECT)
+# The iptables mode (test/ipvs/sctp_test.go) also needs -m statistic,
+# -m recent, -m tcp/udp and REJECT.
+# SCTP: sockets (sctp) and iptables' -m sctp (xt_sctp); conntrack, NAT and
+# IPVS carry SCTP built in on Debian's 6.1 (NF_CT_PROTO_SCTP=y,
+# IP_VS_PROTO_SCTP=y), and nft's "sctp dport" is a payload match of
+# nf_tables itself. The host kernel never loads any of these.
 # setpriv: test/ipvs/capabilities_test.go runs the agent with a bounding set.
 # nft: test/ipvs/nftables_stale_test.go (the nftables mode on a 6.1 kernel).
 tools=(/usr/sbin/ipvsadm /usr/sbin/ipset /usr/sbin/xtables-legacy-multi /usr/bin/ip /sbin/ip /bin/ip /usr/bin/setpriv /usr/sbin/nft)
@@ -99,15 +107,22 @@ build_base() {
 	xt=$(dirname "$(ls /usr/lib/*/xtables/libxt_comment.so | head -1)")
 	mkdir -p "$root$xt"
 	cp -L "$xt"/*.so "$root$xt/"
+	# ... with their own libraries (libxt_statistic.so needs libm, which
+	# no tool above pulls in; the iptables mode's restores load it).
+	for lib in $(ldd "$xt"/*.so 2>/dev/null | grep -v ':$' | grep -oE '/[^ ]+' | sort -u); do
+		[ -e "$root$lib" ] && continue
+		mkdir -p "$root$(dirname "$lib")"
+		cp -Ln "$lib" "$root$lib"
+	done
 	for n in iptables iptables-save iptables-restore iptables-legacy iptables-legacy-save iptables-legacy-restore \
 		ip6tables ip6tables-save ip6tables-restore ip6tables-legacy ip6tables-legacy-save ip6tables-legacy-restore; do
 		ln -s xtables-legacy-multi "$root/usr/sbin/$n"
 	done
-	# ipset resolves "tcp" in its members through /etc/protocols.
+	# ipset resolves "tcp" and "sctp" in its members through /etc/protocols.
 	if [ -r /etc/protocols ]; then
 		cp /etc/protocols "$root/etc/protocols"
 	else
-		printf 'ip 0 IP\nicmp 1 ICMP\ntcp 6 TCP\nudp 17 UDP\n' >"$root/etc/protocols"
+		printf 'ip 0 IP\nicmp 1 ICMP\ntcp 6 TCP\nudp 17 UDP\nsctp 132 SCTP\n' >"$root/etc/protocols"
 	fi
 	echo 'root:x:0:0:root:/root:/bin/sh' >"$root/etc/passwd"
 	echo 'root:x:0:' >"$root/etc/group"

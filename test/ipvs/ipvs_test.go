@@ -110,7 +110,7 @@ type dest struct {
 }
 
 // ipvsadm runs `ipvsadm -Ln` in the node namespace and parses it:
-// "TCP 198.18.0.10:80" -> destinations by address.
+// "TCP 198.18.0.10:80" (UDP, SCTP) -> destinations by address.
 func (f *fixture) ipvsadm() (map[string]map[string]dest, string) {
 	f.t.Helper()
 	out, err := f.sb.Node.Exec("ipvsadm", "-Ln")
@@ -123,7 +123,7 @@ func (f *fixture) ipvsadm() (map[string]map[string]dest, string) {
 	for sc.Scan() {
 		fl := strings.Fields(sc.Text())
 		switch {
-		case len(fl) >= 3 && (fl[0] == "TCP" || fl[0] == "UDP"):
+		case len(fl) >= 3 && (fl[0] == "TCP" || fl[0] == "UDP" || fl[0] == "SCTP"):
 			cur = fl[0] + " " + fl[1]
 			table[cur] = map[string]dest{}
 		case len(fl) == 6 && fl[0] == "->" && cur != "":

@@ -26,6 +26,7 @@ type Pod struct {
 	mu        sync.Mutex
 	listeners []net.Listener
 	packets   []net.PacketConn
+	sctp      []*SCTPServer // ServeSCTP's
 	conns     map[net.Conn]bool
 	stopped   bool
 	wg        sync.WaitGroup
@@ -158,6 +159,10 @@ func (p *Pod) stop() {
 	for c := range p.conns {
 		c.Close()
 	}
+	sctp := p.sctp
 	p.mu.Unlock()
+	for _, s := range sctp {
+		s.Close()
+	}
 	p.wg.Wait()
 }
