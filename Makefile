@@ -42,7 +42,7 @@ demo: deps build
 # Every suite: vet, unit tests (no root), kernel tests (root, in namespaces),
 # and the tests against a real kube-apiserver and etcd (built from source
 # once, about 11 minutes, then cached under ~/.cache/steelyard).
-test: deps build vet unit e2e k8s cni ingress ipvs gateway node docs-check
+test: deps build vet unit chart-check e2e k8s cni ingress ipvs gateway node docs-check
 
 vet:
 	$(GO) vet ./...
@@ -53,6 +53,26 @@ vet:
 	$(GO) vet -tags ingress ./test/...
 	$(GO) vet -tags gateway ./test/...
 	$(GO) vet -tags node ./test/...
+
+# The Helm chart (charts/steelyard) through the Helm v4 library, in a Go
+# module of its own (test/chart) so Helm's dependencies stay out of the
+# agent's. manifests/ is the chart rendered with its default values:
+# `make manifests` writes it; chart-check (in test) vets and tests the tool,
+# lints the chart and fails when manifests/ differs from a fresh render.
+# `make chart` packages it, version and appVersion stamped from VERSION.
+.PHONY: chart chart-check chart-tool manifests
+chart-tool:
+	cd test/chart && $(GO) build -o $(CURDIR)/bin/steelyard-chart .
+
+manifests: chart-tool
+	bin/steelyard-chart render -chart charts/steelyard -out manifests
+
+chart-check: chart-tool
+	cd test/chart && $(GO) vet ./... && $(GO) test -count=1 ./...
+	bin/steelyard-chart check -chart charts/steelyard -manifests manifests
+
+chart: chart-tool
+	bin/steelyard-chart package -chart charts/steelyard -version $(VERSION) -out bin
 
 # kube-apiserver, kubectl, kube-proxy (v1.37.2) and etcd (v3.7.3), built
 # through the Go module proxy and cached by version.
