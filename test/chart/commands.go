@@ -138,12 +138,19 @@ func cmdCheck(chartDir, manifests string) error {
 	for _, d := range diffs {
 		fmt.Fprintf(&b, "  %s/%s\n", manifests, d)
 	}
-	// diff(1) (diffutils, always on Debian) shows the lines; without it the
-	// file list above still says what to do.
-	if out, err := exec.Command("diff", "-ru", manifests, tmp).CombinedOutput(); len(out) > 0 {
-		b.Write(out)
-	} else if err != nil {
-		fmt.Fprintf(&b, "(diff: %v)\n", err)
+	// diff(1) (diffutils, always on Debian) shows the lines of each file
+	// that differs; without it the list above still says what to do.
+	for _, d := range diffs {
+		rel, ok := strings.CutSuffix(d, ": differs from the chart's render")
+		if !ok {
+			continue
+		}
+		out, err := exec.Command("diff", "-u", filepath.Join(manifests, rel), filepath.Join(tmp, rel)).CombinedOutput()
+		if len(out) > 0 {
+			b.Write(out)
+		} else if err != nil {
+			fmt.Fprintf(&b, "(diff: %v)\n", err)
+		}
 	}
 	return fmt.Errorf("%s differs from the chart %s:\n%s"+
 		"manifests/ is generated: edit %s (templates, values.yaml) and run `make manifests`", manifests, chartDir, b.String(), chartDir)
