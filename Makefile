@@ -68,8 +68,8 @@ manifests: chart-tool
 	bin/steelyard-chart render -chart charts/steelyard -out manifests
 
 chart-check: chart-tool
-	cd test/chart && $(GO) vet ./... && $(GO) test -count=1 ./...
 	bin/steelyard-chart check -chart charts/steelyard -manifests manifests
+	cd test/chart && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 chart: chart-tool
 	bin/steelyard-chart package -chart charts/steelyard -version $(VERSION) -out bin
