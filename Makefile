@@ -147,7 +147,8 @@ bench-ingress: deps build control-plane
 # A real node: kubelet, containerd v2.3 (built from the Go module proxy,
 # with Debian's runc), kube-controller-manager and kube-scheduler v1.37.2,
 # in network namespaces, cgroups and a mount namespace of its own;
-# steelyard installed from manifests/ with kubectl; real pods (agnhost).
+# steelyard installed from manifests/ with kubectl; real pods (agnhost);
+# then the chart with the Helm library and helm upgrade iptables -> nftables.
 # Images are built here without a registry (scripts/node/images.sh) and
 # everything is cached under ~/.cache/steelyard.
 NODE_ENV = STEELYARD_CONTAINERD_DIR=$$(scripts/node/containerd.sh) CNI_PLUGINS_DIR=$$(scripts/cni-plugins.sh) STEELYARD_IMAGES_DIR=$$(scripts/node/images.sh)
@@ -155,8 +156,8 @@ NODE_ENV = STEELYARD_CONTAINERD_DIR=$$(scripts/node/containerd.sh) CNI_PLUGINS_D
 node-deps: deps control-plane
 	$(ROOT) scripts/install-deps.sh --node
 
-node: node-deps
-	$(ROOT) env $(NODE_ENV) $(GO) test -tags node -count=1 -timeout 30m -v ./test/node/
+node: node-deps chart-tool
+	$(ROOT) env $(NODE_ENV) STEELYARD_CHART_BIN=$(CURDIR)/bin/steelyard-chart STEELYARD_VERSION=$(VERSION) $(GO) test -tags node -count=1 -timeout 30m -v ./test/node/
 
 # The seed's dynamic test on the real node: steelyard with --ingress, HTTP
 # load through nginx to a Deployment scaled 5 <-> 7, VIP vs pod upstreams;

@@ -4,6 +4,11 @@
 //	steelyard-chart render  -chart charts/steelyard -out manifests
 //	steelyard-chart check   -chart charts/steelyard -manifests manifests
 //	steelyard-chart package -chart charts/steelyard -version $(VERSION) -out bin
+//	steelyard-chart install|upgrade -kubeconfig K -version $(VERSION) -set mode=nftables
+//	steelyard-chart uninstall -kubeconfig K
+//
+// install, upgrade (with --reuse-values) and uninstall are helm's, with
+// --wait, for the node suite (test/node/upgrade_test.go).
 //
 // manifests/ is the chart rendered with its default values (render);
 // check lints the chart and fails when manifests/ differs from a fresh
@@ -15,6 +20,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"time"
 )
 
 func main() {
@@ -26,6 +32,13 @@ func main() {
 	version := fs.String("version", "", "the build's VERSION (git describe): appVersion, and the chart version in SemVer form")
 	out := fs.String("out", "", "render: the manifests/ directory to write; package: the directory of the .tgz")
 	manifests := fs.String("manifests", "manifests", "check: the committed manifests/")
+	var t releaseTarget
+	var set setFlags
+	fs.StringVar(&t.kubeconfig, "kubeconfig", "", "install, upgrade, uninstall: the cluster")
+	fs.StringVar(&t.name, "release", "steelyard", "install, upgrade, uninstall: the release's name")
+	fs.StringVar(&t.namespace, "release-namespace", "default", "install, upgrade, uninstall: the namespace of the release record (the chart's objects go to namespace.name)")
+	fs.DurationVar(&t.timeout, "timeout", 3*time.Minute, "install, upgrade, uninstall: how long to wait for the objects")
+	fs.Var(&set, "set", "install, upgrade: key=value as helm --set (repeatable)")
 	_ = fs.Parse(os.Args[2:])
 
 	var err error
@@ -38,6 +51,12 @@ func main() {
 		err = Lint(*chartDir)
 	case "package":
 		err = cmdPackage(*chartDir, *version, *out)
+	case "install":
+		err = cmdInstall(*chartDir, *version, t, set)
+	case "upgrade":
+		err = cmdUpgrade(*chartDir, *version, t, set)
+	case "uninstall":
+		err = cmdUninstall(t)
 	default:
 		usage()
 	}
@@ -48,6 +67,6 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: steelyard-chart render|check|lint|package [-chart DIR] [-out DIR] [-manifests DIR] [-version V]")
+	fmt.Fprintln(os.Stderr, "usage: steelyard-chart render|check|lint|package|install|upgrade|uninstall [flags] (-h for each)")
 	os.Exit(2)
 }
