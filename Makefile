@@ -42,7 +42,7 @@ demo: deps build
 # Every suite: vet, unit tests (no root), kernel tests (root, in namespaces),
 # and the tests against a real kube-apiserver and etcd (built from source
 # once, about 11 minutes, then cached under ~/.cache/steelyard).
-test: deps build vet unit e2e k8s cni ingress ipvs gateway node docs-check
+test: deps build vet unit chart-check e2e k8s cni ingress ipvs gateway node docs-check
 
 vet:
 	$(GO) vet ./...
@@ -53,6 +53,26 @@ vet:
 	$(GO) vet -tags ingress ./test/...
 	$(GO) vet -tags gateway ./test/...
 	$(GO) vet -tags node ./test/...
+
+# The Helm chart (charts/steelyard) through the Helm v4 library, in a Go
+# module of its own (test/chart) so Helm's dependencies stay out of the
+# agent's. manifests/ is the chart rendered with its default values:
+# `make manifests` writes it; chart-check (in test) vets and tests the tool,
+# lints the chart and fails when manifests/ differs from a fresh render.
+# `make chart` packages it, version and appVersion stamped from VERSION.
+.PHONY: chart chart-check chart-tool manifests
+chart-tool:
+	cd test/chart && $(GO) build -o $(CURDIR)/bin/steelyard-chart .
+
+manifests: chart-tool
+	bin/steelyard-chart render -chart charts/steelyard -out manifests
+
+chart-check: chart-tool
+	bin/steelyard-chart check -chart charts/steelyard -manifests manifests
+	cd test/chart && $(GO) vet ./... && $(GO) test -count=1 ./...
+
+chart: chart-tool
+	bin/steelyard-chart package -chart charts/steelyard -version $(VERSION) -out bin
 
 # kube-apiserver, kubectl, kube-proxy (v1.37.2) and etcd (v3.7.3), built
 # through the Go module proxy and cached by version.
@@ -131,7 +151,8 @@ bench-ingress: deps build control-plane
 # A real node: kubelet, containerd v2.3 (built from the Go module proxy,
 # with Debian's runc), kube-controller-manager and kube-scheduler v1.37.2,
 # in network namespaces, cgroups and a mount namespace of its own;
-# steelyard installed from manifests/ with kubectl; real pods (agnhost).
+# steelyard installed from manifests/ with kubectl; real pods (agnhost);
+# then the chart with the Helm library and helm upgrade iptables -> nftables.
 # Images are built here without a registry (scripts/node/images.sh) and
 # everything is cached under ~/.cache/steelyard.
 NODE_ENV = STEELYARD_CONTAINERD_DIR=$$(scripts/node/containerd.sh) CNI_PLUGINS_DIR=$$(scripts/cni-plugins.sh) STEELYARD_IMAGES_DIR=$$(scripts/node/images.sh)
@@ -139,8 +160,8 @@ NODE_ENV = STEELYARD_CONTAINERD_DIR=$$(scripts/node/containerd.sh) CNI_PLUGINS_D
 node-deps: deps control-plane
 	$(ROOT) scripts/install-deps.sh --node
 
-node: node-deps
-	$(ROOT) env $(NODE_ENV) $(GO) test -tags node -count=1 -timeout 30m -v ./test/node/
+node: node-deps chart-tool
+	$(ROOT) env $(NODE_ENV) STEELYARD_CHART_BIN=$(CURDIR)/bin/steelyard-chart STEELYARD_VERSION=$(VERSION) $(GO) test -tags node -count=1 -timeout 30m -v ./test/node/
 
 # The seed's dynamic test on the real node: steelyard with --ingress, HTTP
 # load through nginx to a Deployment scaled 5 <-> 7, VIP vs pod upstreams;

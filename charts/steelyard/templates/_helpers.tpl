@@ -1,0 +1,27 @@
+{{/*
+steelyard.namespace is the namespace every namespaced object goes to.
+*/}}
+{{- define "steelyard.namespace" -}}
+{{- required "namespace.name is required" .Values.namespace.name -}}
+{{- end -}}
+
+{{/*
+steelyard.image is the agent's image reference.
+*/}}
+{{- define "steelyard.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag }}
+{{- end -}}
+
+{{/*
+steelyard.apiServer splits .Values.apiServer ("host:port", "[v6]:port")
+into a dict with host and port, failing with a clear message otherwise.
+*/}}
+{{- define "steelyard.apiServer" -}}
+{{- $a := .Values.apiServer -}}
+{{- if not (regexMatch "^(\\[[0-9A-Fa-f:.]+\\]|[^:\\[\\]]+):[0-9]{1,5}$" $a) -}}
+{{- fail (printf "apiServer %q: want host:port (an IPv6 address in brackets)" $a) -}}
+{{- end -}}
+{{- $port := regexFind "[0-9]+$" $a -}}
+{{- $host := trimSuffix (printf ":%s" $port) $a | trimPrefix "[" | trimSuffix "]" -}}
+{{- dict "host" $host "port" $port | toJson -}}
+{{- end -}}
