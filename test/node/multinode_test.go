@@ -97,9 +97,11 @@ func TestMultiNodeCluster(t *testing.T) {
 			if from.Spec.NodeName == to.Spec.NodeName {
 				continue
 			}
-			got, errs := dial(t, from, to.Status.PodIP, 8080, 5)
-			if len(errs) != 0 || len(got) != 5 || got[0] != to.Name {
-				t.Errorf("pod %s (%s) to pod %s %s (%s): answers %v, errors %v", from.Name, from.Spec.NodeName, to.Name, to.Status.PodIP, to.Spec.NodeName, got, errs)
+			got, errs, err := dial(t.Context(), from, to.Status.PodIP, 8080, 5)
+			if err != nil || len(errs) != 0 || len(got) != 5 || got[0] != to.Name {
+				t.Errorf("pod %s (%s) to pod %s %s (%s): answers %v, errors %v, %v", from.Name, from.Spec.NodeName, to.Name, to.Status.PodIP, to.Spec.NodeName, got, errs, err)
+			} else {
+				t.Logf("pod %s (%s) to pod %s at %s (%s): 5 of 5 answered", from.Name, from.Spec.NodeName, to.Name, to.Status.PodIP, to.Spec.NodeName)
 			}
 		}
 	}
@@ -175,24 +177,39 @@ spec:
 			}
 		}
 	}
-	for _, c := range clients {
-		t0 := time.Now()
-		names, errs := map[string]int{}, map[string]int{}
-		fails := 0
-		// Batches keep each pod-proxy request well inside its timeouts.
-		for done := 0; done < n; done += 400 {
-			got, bad := dial(t, c, vip.Addr().String(), int(vip.Port()), 400)
-			for _, g := range got {
-				names[g]++
+	// The four clients at once, each one connection after the other
+	// (agnhost's /dial), the outside one 8 at a time.
+	type result struct {
+		who         string
+		names, errs map[string]int
+		fails       int
+		err         error
+		took        time.Duration
+		dst         string
+	}
+	results := make([]result, len(clients)+1)
+	var wg sync.WaitGroup
+	for i, c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := result{who: fmt.Sprintf("pod %s on %s", c.Name, c.Spec.NodeName), names: map[string]int{}, errs: map[string]int{}, dst: vip.String()}
+			t0 := time.Now()
+			// Batches keep each pod-proxy request well inside its timeouts.
+			for done := 0; done < n && r.err == nil; done += 400 {
+				var got, bad []string
+				got, bad, r.err = dial(t.Context(), c, vip.Addr().String(), int(vip.Port()), 400)
+				for _, g := range got {
+					r.names[g]++
+				}
+				for _, e := range bad {
+					r.fails++
+					r.errs[shorten(e)]++
+				}
 			}
-			for _, e := range bad {
-				fails++
-				errs[shorten(e)]++
-			}
-		}
-		who := fmt.Sprintf("pod %s on %s", c.Name, c.Spec.NodeName)
-		t.Logf("%s: %d connections to %s in %v: %v, %d failed", who, n, vip, time.Since(t0).Round(time.Millisecond), names, fails)
-		check(who, names, fails, errs)
+			r.took = time.Since(t0)
+			results[i] = r
+		}()
 	}
 	outside, err := node.AddLANClient()
 	if err != nil {
@@ -200,11 +217,23 @@ spec:
 	}
 	empty := node.Nodes[2]
 	dst := netip.AddrPortFrom(empty.IP, nodePort)
-	t0 := time.Now()
-	r := connections(outside.Do, dst, n, 8)
-	who := fmt.Sprintf("outside client %s via NodePort of %s", outside.Addr, empty.Name)
-	t.Logf("%s: %d connections to %s in %v: %v, %d failed", who, n, dst, time.Since(t0).Round(time.Millisecond), r.names, r.fails)
-	check(who, r.names, r.fails, r.errors)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t0 := time.Now()
+		r := connections(outside.Do, dst, n, 8)
+		results[len(clients)] = result{who: fmt.Sprintf("outside client %s via NodePort of %s", outside.Addr, empty.Name),
+			names: r.names, errs: r.errors, fails: r.fails, took: time.Since(t0), dst: dst.String()}
+	}()
+	wg.Wait()
+	for _, r := range results {
+		if r.err != nil {
+			t.Errorf("%s: %v", r.who, r.err)
+			continue
+		}
+		t.Logf("%s: %d connections to %s in %v: %v, %d failed", r.who, n, r.dst, r.took.Round(time.Millisecond), r.names, r.fails)
+		check(r.who, r.names, r.fails, r.errs)
+	}
 }
 
 var (
@@ -255,10 +284,9 @@ spec:
 // dial asks agnhost netexec's /dial in pod from (through the API server's
 // pod proxy) to make tries new HTTP connections to host:port, one after
 // the other, and returns the answers (/hostname: the pod names) and the
-// errors.
-func dial(t *testing.T, from corev1.Pod, host string, port, tries int) (answers, errs []string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+// errors of the connections.
+func dial(ctx context.Context, from corev1.Pod, host string, port, tries int) (answers, errs []string, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	body, err := node.Client().CoreV1().Pods(from.Namespace).ProxyGet("http", from.Name, "8080", "dial", map[string]string{
 		"request": "hostname", "protocol": "http", "host": host, "port": fmt.Sprint(port), "tries": fmt.Sprint(tries),
@@ -269,12 +297,12 @@ func dial(t *testing.T, from corev1.Pod, host string, port, tries int) (answers,
 	}
 	// 417 (the last try failed) still carries the JSON.
 	if jerr := json.Unmarshal(body, &out); jerr != nil {
-		t.Fatalf("dial from %s to %s:%d: %v %v: %s", from.Name, host, port, err, jerr, body)
+		return nil, nil, fmt.Errorf("dial from %s to %s:%d: %v %v: %.200s", from.Name, host, port, err, jerr, body)
 	}
 	if len(out.Responses)+len(out.Errors) != tries {
-		t.Fatalf("dial from %s to %s:%d: %d answers and %d errors for %d tries", from.Name, host, port, len(out.Responses), len(out.Errors), tries)
+		return nil, nil, fmt.Errorf("dial from %s to %s:%d: %d answers and %d errors for %d tries", from.Name, host, port, len(out.Responses), len(out.Errors), tries)
 	}
-	return out.Responses, out.Errors
+	return out.Responses, out.Errors, nil
 }
 
 func shorten(s string) string {
