@@ -21,7 +21,7 @@ endif
 .PHONY: ipvs
 .PHONY: gateway
 .PHONY: docs docs-check
-.PHONY: node node-deps cluster-up cluster-down bench-node
+.PHONY: node node-deps cluster-up cluster-down bench-node multinode
 .PHONY: conformance gateway-conformance
 
 all: build
@@ -53,6 +53,7 @@ vet:
 	$(GO) vet -tags ingress ./test/...
 	$(GO) vet -tags gateway ./test/...
 	$(GO) vet -tags node ./test/...
+	$(GO) vet -tags node,multinode ./test/...
 
 # The Helm chart (charts/steelyard) through the Helm v4 library, in a Go
 # module of its own (test/chart) so Helm's dependencies stay out of the
@@ -163,6 +164,14 @@ node-deps: deps control-plane
 node: node-deps chart-tool
 	$(ROOT) env $(NODE_ENV) STEELYARD_CHART_BIN=$(CURDIR)/bin/steelyard-chart STEELYARD_VERSION=$(VERSION) $(GO) test -tags node -count=1 -timeout 30m -v ./test/node/
 
+# The multi-node tests (test/node/multinode_test.go): the same harness with
+# three nodes on a node LAN (node IPAM, routed pod ranges, zones a/b/c),
+# steelyard from manifests/ on each; a 10/90 Service across nodes from a
+# client pod on every node and from outside through a NodePort of a node
+# without its pods. Not in test yet.
+multinode: node-deps
+	$(ROOT) env $(NODE_ENV) $(GO) test -tags node,multinode -count=1 -timeout 30m -v -run '^TestMultiNode' ./test/node/
+
 # The seed's dynamic test on the real node: steelyard with --ingress, HTTP
 # load through nginx to a Deployment scaled 5 <-> 7, VIP vs pod upstreams;
 # docs/bench-node.{json,svg} and a table (docs/benchmarks.md). Not in test.
@@ -172,14 +181,16 @@ bench-node: node-deps
 # The same node for a person: prints the admin kubeconfig's path; the node
 # runs in the background until `make cluster-down`. Then:
 #   export KUBECONFIG=<path>; kubectl apply -f manifests/ (see README).
+# NODES=3 starts three nodes on a node LAN of their own (node IPAM, routed
+# pod ranges, zones zone-a/b/c; test/node/cluster/lan.go).
 cluster-up: node-deps
 	$(GO) build -o bin/steelyard-cluster ./test/node/clusterctl
 	@$(ROOT) rm -f /tmp/steelyard-cluster/kubeconfig
-	@$(ROOT) env $(NODE_ENV) bash -c 'nohup bin/steelyard-cluster up >/tmp/steelyard-cluster.log 2>&1 & \
-	  for i in $$(seq 300); do \
+	@$(ROOT) env $(NODE_ENV) bash -c 'nohup bin/steelyard-cluster up --nodes $(or $(NODES),1) >/tmp/steelyard-cluster.log 2>&1 & \
+	  for i in $$(seq 600); do \
 	    if [ -s /tmp/steelyard-cluster/kubeconfig ]; then echo "KUBECONFIG=$$(cat /tmp/steelyard-cluster/kubeconfig)"; exit 0; fi; \
 	    if ! kill -0 $$! 2>/dev/null; then tail -n 30 /tmp/steelyard-cluster.log; exit 1; fi; sleep 1; \
-	  done; echo "cluster-up: not Ready after 300 s (log: /tmp/steelyard-cluster.log)"; exit 1'
+	  done; echo "cluster-up: not Ready after 600 s (log: /tmp/steelyard-cluster.log)"; exit 1'
 
 cluster-down:
 	$(GO) build -o bin/steelyard-cluster ./test/node/clusterctl

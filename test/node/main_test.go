@@ -29,8 +29,12 @@ import (
 	"github.com/steelyard-net/steelyard/test/sandbox"
 )
 
-// The one node every test shares (starting it costs about 40 s).
+// The cluster every test shares (starting one node costs about 40 s).
 var node *cluster.Cluster
+
+// wantNodes is the cluster's size: one, or three with the multinode tag
+// (multinode_test.go).
+var wantNodes = 1
 
 func TestMain(m *testing.M) { os.Exit(testMain(m)) }
 
@@ -44,10 +48,11 @@ func testMain(m *testing.M) int {
 		sandbox.CloseAll()
 		os.Exit(130)
 	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	// Each further node adds its containerd, image imports and kubelet.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(2+3*wantNodes)*time.Minute)
 	defer cancel()
 	t0 := time.Now()
-	c, err := cluster.Start(ctx, cluster.Options{Logf: log.Printf})
+	c, err := cluster.Start(ctx, cluster.Options{Nodes: wantNodes, Logf: log.Printf})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "node:", err)
 		return 1

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,8 +16,6 @@ import (
 	"syscall"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/steelyard-net/steelyard/test/controlplane"
@@ -28,11 +24,17 @@ import (
 
 // Options configure Start; the zero value is ready to use.
 type Options struct {
-	// NodeName is the Node kubelet registers (default "steelyard-node").
+	// Nodes is the number of nodes (default 1). One node is the layout
+	// the single-node suites were written for (package comment); more
+	// get a node LAN (lan.go), node IPAM and three zones.
+	Nodes int
+	// NodeName is the Node kubelet registers (default "steelyard-node");
+	// with several nodes, the prefix of their names ("steelyard-node-1",
+	// "steelyard-node-2", ...).
 	NodeName string
 	// Logf receives progress lines.
 	Logf func(format string, args ...any)
-	// ReadyTimeout bounds the wait for the Node to be Ready (default 3m).
+	// ReadyTimeout bounds the wait for each Node to be Ready (default 3m).
 	ReadyTimeout time.Duration
 	// ExtraControllers are kube-controller-manager controllers to run
 	// besides Controllers (the conformance suite needs a few more).
@@ -49,41 +51,47 @@ type Options struct {
 	BridgeHairpin bool
 }
 
-// Cluster is a running one-node cluster. Stop tears it all down.
+// Cluster is a running cluster of one or more nodes. Stop tears it all
+// down.
 type Cluster struct {
 	// CP is etcd and kube-apiserver; CP.Kubeconfig is the admin's
 	// kubeconfig (usable from the root namespace).
 	CP *controlplane.ControlPlane
-	// Sandbox holds the node namespace (Sandbox.Node) and clients.
+	// Sandbox holds the first node's namespace (Sandbox.Node), clients
+	// and, with several nodes, every other namespace.
 	Sandbox *sandbox.Sandbox
-	// Dir holds everything else: containerd's root and state, kubelet's
-	// root, configs, logs. Stop removes it.
+	// Nodes are the nodes in order; Nodes[0] is the first node, whose
+	// namespace is Sandbox.Node.
+	Nodes []*Node
+	// LAN is the node LAN's namespace (nil on a one-node cluster).
+	LAN *sandbox.NS
+	// Dir holds everything else: each node's containerd root and state,
+	// kubelet root, configs, logs. Stop removes it.
 	Dir string
-	// NodeName is the Node's name; NodeIP its InternalIP (sandbox.NodeIP).
+	// NodeName is the first node's name; NodeIP its InternalIP
+	// (sandbox.NodeIP), kube-apiserver's advertised address.
 	NodeName string
 	NodeIP   netip.Addr
 	// APIPort is kube-apiserver's port, on 127.0.0.1 of the root namespace
-	// and relayed on every address of the node namespace.
+	// and relayed on every address of each node namespace.
 	APIPort int
-	// CNIConfDir and CNIBinDir are the node's /etc/cni/net.d and
+	// CNIConfDir and CNIBinDir are the first node's /etc/cni/net.d and
 	// /opt/cni/bin as seen from the root mount namespace.
 	CNIConfDir, CNIBinDir string
-	// ContainerdSock is containerd's socket (for ctr).
+	// ContainerdSock is the first node's containerd socket (for ctr).
 	ContainerdSock string
 	// Binaries in use.
 	Binaries Binaries
 
 	opts         Options
 	cgroup       string
-	mntns        string
 	madeEtcCNI   []string
 	tunablesHeld bool
 	proxy        *connectProxy
-	stopForward  func()
 
 	mu         sync.Mutex
 	components []*controlplane.Component // start order; Stop goes in reverse
-	kubelet    *controlplane.Component
+	lanClients int
 	stopped    bool
 }
 
@@ -112,10 +120,17 @@ func StopAll() {
 	}
 }
 
-// Start brings the node up: control plane, controllers, containerd with
-// the images imported, kubelet, and waits for the Node to be Ready. On
-// error everything started is torn down.
+// Start brings the cluster up: the namespaces (and the node LAN), control
+// plane, controllers, then per node containerd with the images imported
+// and kubelet, and waits for every Node to be Ready. On error everything
+// started is torn down.
 func Start(ctx context.Context, opts Options) (*Cluster, error) {
+	if opts.Nodes == 0 {
+		opts.Nodes = 1
+	}
+	if opts.Nodes < 1 || opts.Nodes > maxNodes {
+		return nil, fmt.Errorf("cluster: %d nodes: want 1 to %d", opts.Nodes, maxNodes)
+	}
 	if opts.NodeName == "" {
 		opts.NodeName = "steelyard-node"
 	}
@@ -136,12 +151,13 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	c := &Cluster{
 		Dir:      dir,
-		NodeName: opts.NodeName,
 		NodeIP:   sandbox.NodeIP,
 		Binaries: bins,
 		opts:     opts,
 		cgroup:   fmt.Sprintf("%s%d-%s", ownerPrefix, os.Getpid(), strings.TrimPrefix(filepath.Base(dir), fmt.Sprintf("%s%d-", ownerPrefix, os.Getpid()))),
 	}
+	c.Nodes = c.plan()
+	c.NodeName = c.Nodes[0].Name
 	registryMu.Lock()
 	registry[c] = true
 	registryMu.Unlock()
@@ -153,6 +169,28 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	return c, nil
 }
 
+// plan names the nodes and gives them their addresses, zones, directories
+// and cgroups. One node keeps the one-node layout: Dir and the cluster's
+// cgroup are its own, its pod range is PodCIDR, no zone.
+func (c *Cluster) plan() []*Node {
+	if c.opts.Nodes == 1 {
+		return []*Node{{Name: c.opts.NodeName, IP: sandbox.NodeIP, Dir: c.Dir, PodCIDR: PodCIDR, c: c, cgroup: c.cgroup}}
+	}
+	var nodes []*Node
+	for k := 1; k <= c.opts.Nodes; k++ {
+		name := fmt.Sprintf("%s-%d", c.opts.NodeName, k)
+		nodes = append(nodes, &Node{
+			Name:   name,
+			IP:     nodeLANIP(k),
+			Zone:   zoneOf(k),
+			Dir:    filepath.Join(c.Dir, "nodes", name),
+			c:      c,
+			cgroup: c.cgroup + "/" + name,
+		})
+	}
+	return nodes
+}
+
 func (c *Cluster) logf(format string, args ...any) { c.opts.Logf(format, args...) }
 
 func (c *Cluster) start(ctx context.Context) error {
@@ -162,68 +200,78 @@ func (c *Cluster) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	sock := filepath.Join(c.Dir, "egress.sock")
-	if c.proxy, err = startConnectProxy(c.Sandbox.Node, sock); err != nil {
-		return err
+	c.Nodes[0].NS = c.Sandbox.Node
+	if len(c.Nodes) > 1 {
+		if err := c.makeLAN(); err != nil {
+			return err
+		}
 	}
-	egress := filepath.Join(c.Dir, "egress-selector.yaml")
-	if err := os.WriteFile(egress, []byte(egressSelectorConfig(sock)), 0o644); err != nil {
-		return err
-	}
-	c.CP, err = controlplane.StartProcess(ctx, controlplane.Options{
-		Binaries: bins(c.Binaries),
-		Logf:     c.opts.Logf,
-		APIServerArgs: []string{
-			// The node's address: the kubernetes Service's endpoint and a
-			// name in the serving certificate (127.0.0.1, the bind
-			// address, stays in it too).
-			"--advertise-address=" + c.NodeIP.String(),
-			"--endpoint-reconciler-type=lease",
-			"--egress-selector-config-file=" + egress,
-			"--allow-privileged=true",
-			// kubelet is reached at its InternalIP (through the egress
-			// proxy); the node name does not resolve.
-			"--kubelet-preferred-address-types=InternalIP",
-		},
-	})
-	if err != nil {
-		return err
-	}
-	u, err := url.Parse(c.CP.URL)
-	if err != nil {
-		return err
-	}
-	if c.APIPort, err = strconv.Atoi(u.Port()); err != nil {
-		return err
-	}
-	// kube-apiserver on every address of the node namespace, same port:
-	// kubelet, the agent (hostNetwork) and pods reach it there.
-	if c.stopForward, err = c.Sandbox.Node.Forward(netip.AddrPortFrom(netip.IPv4Unspecified(), uint16(c.APIPort)), "127.0.0.1:"+u.Port()); err != nil {
+	if err := c.startControlPlane(ctx); err != nil {
 		return err
 	}
 	if err := c.startControllers(); err != nil {
 		return err
 	}
-	if err := c.prepareNode(); err != nil {
+	if err := c.prepareHost(); err != nil {
 		return err
 	}
-	if err := c.startContainerd(ctx); err != nil {
-		return err
+	for _, n := range c.Nodes {
+		if err := n.prepare(); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+		if len(c.Nodes) == 1 {
+			if err := n.writeConflist(); err != nil {
+				return err
+			}
+		}
 	}
-	if err := c.importImages(ctx); err != nil {
-		return err
+	first := c.Nodes[0]
+	c.CNIConfDir, c.CNIBinDir = first.CNIConfDir, first.CNIBinDir
+	// One node after the other: the image imports are CPU-bound, and a
+	// kubelet starts while the next node's containerd comes up.
+	for _, n := range c.Nodes {
+		if err := n.startContainerd(ctx); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+		if err := n.importImages(ctx); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+		if err := n.startKubelet(); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
 	}
-	if err := c.startKubelet(); err != nil {
-		return err
+	c.ContainerdSock = first.ContainerdSock
+	if len(c.Nodes) > 1 {
+		// A Node is NotReady until its CNI configuration exists, which
+		// needs the pod range node IPAM gives it once registered.
+		for _, n := range c.Nodes {
+			if err := n.waitPodCIDR(ctx); err != nil {
+				return err
+			}
+			if err := n.writeConflist(); err != nil {
+				return err
+			}
+		}
+		if err := c.routePodCIDRs(); err != nil {
+			return err
+		}
 	}
-	if err := c.waitNodeReady(ctx); err != nil {
-		return err
+	for _, n := range c.Nodes {
+		if err := n.waitReady(ctx); err != nil {
+			return err
+		}
+		c.logf("cluster: node %s (%s, pods %s%s) Ready after %v", n.Name, n.IP, n.PodCIDR, zoneNote(n.Zone), time.Since(t0).Round(time.Millisecond))
 	}
-	c.logf("cluster: node %s Ready in %v (dir %s, kubeconfig %s)", c.NodeName, time.Since(t0).Round(time.Millisecond), c.Dir, c.CP.Kubeconfig)
+	c.logf("cluster: %d node(s) Ready in %v (dir %s, kubeconfig %s)", len(c.Nodes), time.Since(t0).Round(time.Millisecond), c.Dir, c.CP.Kubeconfig)
 	return nil
 }
 
-func bins(b Binaries) controlplane.Binaries { return b.Binaries }
+func zoneNote(zone string) string {
+	if zone == "" {
+		return ""
+	}
+	return ", " + zone
+}
 
 func (c *Cluster) add(p *controlplane.Component) {
 	c.mu.Lock()
@@ -231,61 +279,10 @@ func (c *Cluster) add(p *controlplane.Component) {
 	c.mu.Unlock()
 }
 
-func freePort() (int, error) {
-	l, err := netListenLoopback()
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// startControllers starts kube-controller-manager and kube-scheduler in
-// the root namespace, as the admin, serving only on 127.0.0.1.
-func (c *Cluster) startControllers() error {
-	kcmPort, err := freePort()
-	if err != nil {
-		return err
-	}
-	kcm, err := controlplane.StartComponent("kube-controller-manager", c.Binaries.KubeControllerManager, []string{
-		"--kubeconfig=" + c.CP.Kubeconfig,
-		"--leader-elect=false",
-		controllersFlag(c.opts.ExtraControllers...),
-		"--service-account-private-key-file=" + c.CP.ServiceAccountKeyFile(),
-		"--root-ca-file=" + c.CP.CAFile,
-		"--use-service-account-credentials=false",
-		"--bind-address=127.0.0.1",
-		"--secure-port=" + strconv.Itoa(kcmPort),
-		"--allocate-node-cidrs=false",
-		// The EndpointSlice controller's batching: 0 (the default)
-		// writes every change at once.
-		"--v=1",
-	}, filepath.Join(c.Dir, "kube-controller-manager.log"))
-	if err != nil {
-		return err
-	}
-	c.add(kcm)
-	schedPort, err := freePort()
-	if err != nil {
-		return err
-	}
-	sched, err := controlplane.StartComponent("kube-scheduler", c.Binaries.KubeScheduler, []string{
-		"--kubeconfig=" + c.CP.Kubeconfig,
-		"--leader-elect=false",
-		"--bind-address=127.0.0.1",
-		"--secure-port=" + strconv.Itoa(schedPort),
-		"--v=1",
-	}, filepath.Join(c.Dir, "kube-scheduler.log"))
-	if err != nil {
-		return err
-	}
-	c.add(sched)
-	return nil
-}
-
-// prepareNode makes the node's cgroup, its mount namespace and its CNI
-// directories, and records the host tunables.
-func (c *Cluster) prepareNode() error {
+// prepareHost records the host tunables kubelet will change (once for all
+// the nodes), creates the cluster's cgroup and the host's /etc/cni/net.d
+// mount point when missing.
+func (c *Cluster) prepareHost() error {
 	// One record for the machine (tunables.go); a killed owner's share is
 	// pruned by the next Acquire.
 	restored, err := hostStore.Acquire(filepath.Base(c.Dir))
@@ -296,25 +293,10 @@ func (c *Cluster) prepareNode() error {
 		return fmt.Errorf("host tunables: %w", err)
 	}
 	c.tunablesHeld = true
-	if err := makeCgroup(c.cgroup + "/runtime"); err != nil {
+	if err := makeCgroup(c.cgroup); err != nil {
 		return fmt.Errorf("cgroup: %w", err)
 	}
-	c.CNIConfDir = filepath.Join(c.Dir, "cni", "net.d")
-	c.CNIBinDir = filepath.Join(c.Dir, "cni", "bin")
-	for _, d := range []string{c.CNIConfDir, c.CNIBinDir, filepath.Join(c.Dir, "ns")} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return err
-		}
-	}
-	for _, p := range []string{"bridge", "loopback", "host-local", "portmap"} {
-		if err := copyFile(filepath.Join(c.Binaries.CNIPluginsDir, p), filepath.Join(c.CNIBinDir, p), 0o755); err != nil {
-			return err
-		}
-	}
-	if err := os.WriteFile(filepath.Join(c.CNIConfDir, MainConflist), []byte(mainConflist(c.opts.BridgeHairpin)), 0o644); err != nil {
-		return err
-	}
-	// The mount point of the node's /etc/cni/net.d.
+	// The mount point of every node's /etc/cni/net.d.
 	for _, d := range []string{"/etc/cni", "/etc/cni/net.d"} {
 		if _, err := os.Stat(d); errors.Is(err, os.ErrNotExist) {
 			if err := os.Mkdir(d, 0o755); err != nil {
@@ -324,174 +306,41 @@ func (c *Cluster) prepareNode() error {
 		}
 	}
 	// So that the orphan clean-up of a killed owner knows them too.
-	if err := os.WriteFile(filepath.Join(c.Dir, madeDirsFile), []byte(strings.Join(c.madeEtcCNI, "\n")), 0o644); err != nil {
-		return err
-	}
-	// A persistent private mount namespace: bind-mount a directory onto
-	// itself, make it private (a namespace file cannot sit on a shared
-	// mount), and let unshare(1) pin the namespace to a file there.
-	nsDir := filepath.Join(c.Dir, "ns")
-	if err := run("mount", "--bind", nsDir, nsDir); err != nil {
-		return err
-	}
-	if err := run("mount", "--make-private", nsDir); err != nil {
-		return err
-	}
-	c.mntns = filepath.Join(nsDir, "mnt")
-	if err := os.WriteFile(c.mntns, nil, 0o644); err != nil {
-		return err
-	}
-	if err := run("unshare", "--mount="+c.mntns, "--propagation", "private", "true"); err != nil {
-		return err
-	}
-	script := strings.Join([]string{
-		"set -e",
-		"for d in /run /var/lib /var/log /opt; do mount -t tmpfs -o mode=0755,size=512m steelyard-node $d; done",
-		"mkdir -p /opt/cni/bin /var/lib/cni /run/netns",
-		"mount --bind " + c.CNIBinDir + " /opt/cni/bin",
-		"mount --bind " + c.CNIConfDir + " /etc/cni/net.d",
-		"touch /run/xtables.lock",
-	}, "\n")
-	return run("nsenter", "--mount="+c.mntns, "--", "sh", "-c", script)
+	return os.WriteFile(filepath.Join(c.Dir, madeDirsFile), []byte(strings.Join(c.madeEtcCNI, "\n")), 0o644)
 }
 
-// inNode returns the argv that runs argv in the node's network and mount
-// namespaces.
-func (c *Cluster) inNode(argv ...string) []string {
-	return append([]string{"--net=" + c.Sandbox.Node.Path(), "--mount=" + c.mntns, "--"}, argv...)
-}
-
-func (c *Cluster) startContainerd(ctx context.Context) error {
-	dir := filepath.Join(c.Dir, "containerd")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	cfg := filepath.Join(dir, "config.toml")
-	if err := os.WriteFile(cfg, []byte(containerdConfig(dir, c.Binaries.ContainerdShimDir, c.Binaries.Runc)), 0o644); err != nil {
-		return err
-	}
-	c.ContainerdSock = filepath.Join(dir, "containerd.sock")
-	t0 := time.Now()
-	p, err := controlplane.StartComponent("containerd", "nsenter", c.inNode(
-		"env", "PATH="+c.Binaries.ContainerdShimDir+":/usr/sbin:/usr/bin:/sbin:/bin",
-		c.Binaries.Containerd, "--config", cfg, "--log-level", "info",
-	), filepath.Join(c.Dir, "containerd.log"))
-	if err != nil {
-		return err
-	}
-	c.add(p)
-	// Its shims and their containers inherit the cgroup.
-	if err := joinCgroup(c.cgroup+"/runtime", p.Pid()); err != nil {
-		return fmt.Errorf("containerd cgroup: %w", err)
-	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		if err := c.ctr(ctx, "version"); err == nil {
-			break
-		} else if time.Now().After(deadline) || !p.Running() {
-			return fmt.Errorf("containerd not ready: %v; log:\n%s", err, p.Tail(30))
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	c.logf("cluster: containerd %s ready in %v", ContainerdVersion, time.Since(t0).Round(time.Millisecond))
-	return nil
-}
-
-// ctr runs ctr against the node's containerd, in its k8s.io namespace.
-func (c *Cluster) ctr(ctx context.Context, args ...string) error {
-	cmd := exec.CommandContext(ctx, c.Binaries.Ctr, append([]string{"--address", c.ContainerdSock, "-n", "k8s.io"}, args...)...)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("ctr %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
-	}
-	return nil
-}
-
-// importImages imports every image tarball.
-func (c *Cluster) importImages(ctx context.Context) error {
-	t0 := time.Now()
-	images := append(append([]string(nil), c.Binaries.Images...), c.opts.ExtraImages...)
-	for _, img := range images {
-		if err := c.ImportImage(ctx, img); err != nil {
-			return err
-		}
-	}
-	c.logf("cluster: %d images imported in %v", len(images), time.Since(t0).Round(time.Millisecond))
-	return nil
-}
-
-// ImportImage imports one docker-archive tarball into the node.
+// ImportImage imports one docker-archive tarball into every node.
 func (c *Cluster) ImportImage(ctx context.Context, tarball string) error {
-	return c.ctr(ctx, "images", "import", "--local", tarball)
+	for _, n := range c.Nodes {
+		if err := n.ImportImage(ctx, tarball); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+	}
+	return nil
 }
 
-func (c *Cluster) startKubelet() error {
-	dir := filepath.Join(c.Dir, "kubelet")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	resolv := filepath.Join(c.Dir, "resolv.conf")
-	if err := os.WriteFile(resolv, []byte("# no DNS in the box\n"), 0o644); err != nil {
-		return err
-	}
-	cfg := filepath.Join(c.Dir, "kubelet.yaml")
-	doc := kubeletConfig("/"+c.cgroup, c.ContainerdSock, resolv, "/var/log/pods", c.NodeIP)
-	if c.opts.ClusterDNS.IsValid() {
-		doc += fmt.Sprintf("clusterDNS: [%q]\nclusterDomain: cluster.local\n", c.opts.ClusterDNS)
-	}
-	if err := os.WriteFile(cfg, []byte(doc), 0o644); err != nil {
-		return err
-	}
-	p, err := controlplane.StartComponent("kubelet", "nsenter", c.inNode(
-		c.Binaries.Kubelet,
-		"--config="+cfg,
-		"--kubeconfig="+c.CP.Kubeconfig,
-		"--root-dir="+dir,
-		"--hostname-override="+c.NodeName,
-		"--node-ip="+c.NodeIP.String(),
-		"--v=1",
-	), filepath.Join(c.Dir, "kubelet.log"))
-	if err != nil {
-		return err
-	}
-	c.add(p)
-	c.mu.Lock()
-	c.kubelet = p
-	c.mu.Unlock()
-	return joinCgroup(c.cgroup+"/runtime", p.Pid())
-}
-
-// waitNodeReady waits for the Node's Ready condition.
-func (c *Cluster) waitNodeReady(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, c.opts.ReadyTimeout)
-	defer cancel()
-	client := c.CP.Client()
-	last := "not registered"
-	for {
-		n, err := client.CoreV1().Nodes().Get(ctx, c.NodeName, metav1.GetOptions{})
+// TaskPid returns the host PID of a running container's main process, on
+// whichever node runs it; see Node.TaskPid.
+func (c *Cluster) TaskPid(ctx context.Context, containerID string) (int, error) {
+	var errs []error
+	for _, n := range c.Nodes {
+		pid, err := n.TaskPid(ctx, containerID)
 		if err == nil {
-			last = "no Ready condition"
-			for _, cond := range n.Status.Conditions {
-				if cond.Type == corev1.NodeReady {
-					if cond.Status == corev1.ConditionTrue {
-						return nil
-					}
-					last = cond.Reason + ": " + cond.Message
-				}
-			}
+			return pid, nil
 		}
-		c.mu.Lock()
-		k := c.kubelet
-		c.mu.Unlock()
-		if !k.Running() {
-			return fmt.Errorf("kubelet exited: %v", k.ExitError())
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("node %s not Ready after %v: %s", c.NodeName, c.opts.ReadyTimeout, last)
-		case <-time.After(500 * time.Millisecond):
+		errs = append(errs, err)
+	}
+	return 0, errors.Join(errs...)
+}
+
+// Node returns the node named name, or nil.
+func (c *Cluster) Node(name string) *Node {
+	for _, n := range c.Nodes {
+		if n.Name == name {
+			return n
 		}
 	}
+	return nil
 }
 
 // Client returns an admin clientset.
@@ -515,7 +364,11 @@ func (c *Cluster) Logs(n int) string {
 	comps := append([]*controlplane.Component(nil), c.components...)
 	c.mu.Unlock()
 	for _, p := range comps {
-		fmt.Fprintf(&b, "--- %s, last lines:\n%s\n", filepath.Base(p.LogPath()), p.Tail(n))
+		name, err := filepath.Rel(c.Dir, p.LogPath())
+		if err != nil {
+			name = filepath.Base(p.LogPath())
+		}
+		fmt.Fprintf(&b, "--- %s, last lines:\n%s\n", name, p.Tail(n))
 	}
 	if c.CP != nil {
 		b.WriteString(c.CP.Logs(n))
@@ -523,8 +376,8 @@ func (c *Cluster) Logs(n int) string {
 	return b.String()
 }
 
-// Stop tears everything down: kubelet, then every process in the node's
-// cgroup (containerd, shims, containers), the mount namespace, the
+// Stop tears everything down: kubelets, then every process in the
+// cluster's cgroup (containerds, shims, containers), the mount namespaces, the
 // controllers, the control plane, the tunables, the namespaces, the
 // directories. It may be called more than once.
 func (c *Cluster) Stop() error {
@@ -540,7 +393,7 @@ func (c *Cluster) Stop() error {
 	delete(registry, c)
 	registryMu.Unlock()
 	var errs []error
-	// kubelet and containerd first (the last two components), so nothing
+	// kubelets and containerds first (the last components), so nothing
 	// restarts containers while they are killed.
 	for i := len(comps) - 1; i >= 0; i-- {
 		comps[i].Stop(10 * time.Second)
@@ -548,13 +401,14 @@ func (c *Cluster) Stop() error {
 	if err := removeCgroup(c.cgroup); err != nil {
 		errs = append(errs, err)
 	}
-	if c.mntns != "" {
-		if err := unmountUnder(filepath.Join(c.Dir, "ns")); err != nil {
-			errs = append(errs, err)
-		}
+	// Every node's mount namespace file and its bind mount.
+	if err := unmountUnder(c.Dir); err != nil {
+		errs = append(errs, err)
 	}
-	if c.stopForward != nil {
-		c.stopForward()
+	for _, n := range c.Nodes {
+		if n.stopForward != nil {
+			n.stopForward()
+		}
 	}
 	if c.proxy != nil {
 		c.proxy.close()
@@ -702,22 +556,4 @@ func copyFile(src, dst string, mode os.FileMode) error {
 		return err
 	}
 	return os.WriteFile(dst, b, mode)
-}
-
-// TaskPid returns the host PID of a running container's main process, by
-// the containerID of a Pod's status ("containerd://<id>" or the bare id).
-// Its /proc/<pid>/ns/net is the pod's network namespace.
-func (c *Cluster) TaskPid(ctx context.Context, containerID string) (int, error) {
-	id := strings.TrimPrefix(containerID, "containerd://")
-	out, err := exec.CommandContext(ctx, c.Binaries.Ctr, "--address", c.ContainerdSock, "-n", "k8s.io", "tasks", "ls").Output()
-	if err != nil {
-		return 0, fmt.Errorf("ctr tasks ls: %w", err)
-	}
-	for _, line := range strings.Split(string(out), "\n") {
-		f := strings.Fields(line)
-		if len(f) >= 3 && f[0] == id {
-			return strconv.Atoi(f[1])
-		}
-	}
-	return 0, fmt.Errorf("container %s has no running task", id)
 }

@@ -9,9 +9,12 @@ import (
 
 // The cluster's address plan (see the package comment).
 var (
-	// PodCIDR is the pods' range (the bridge plugin's host-local subnet).
+	// PodCIDR is the pods' range: the bridge plugin's host-local subnet
+	// on a one-node cluster; with several nodes, the --cluster-cidr node
+	// IPAM cuts each node's /24 from (NodeCIDRMaskSize).
 	PodCIDR = netip.MustParsePrefix("198.19.64.0/18")
-	// PodGateway is the node's address on the pod bridge.
+	// PodGateway is the one node's address on the pod bridge (with
+	// several nodes, the first address of each node's range).
 	PodGateway = netip.MustParseAddr("198.19.64.1")
 )
 
@@ -59,7 +62,9 @@ const BridgeName = "cni0"
 // install-cni chains steelyard-cni into it.
 const MainConflist = "10-bridge.conflist"
 
-func mainConflist(hairpin bool) string {
+// mainConflist is the bridge plugin with host-local on subnet, the node's
+// address on the bridge gateway.
+func mainConflist(hairpin bool, subnet netip.Prefix, gateway netip.Addr) string {
 	return fmt.Sprintf(`{
   "cniVersion": "1.0.0",
   "name": "k8s-pod-network",
@@ -79,7 +84,7 @@ func mainConflist(hairpin bool) string {
     {"type": "portmap", "capabilities": {"portMappings": true}}
   ]
 }
-`, BridgeName, hairpin, PodCIDR.String(), PodGateway.String())
+`, BridgeName, hairpin, subnet.String(), gateway.String())
 }
 
 // containerdConfig is containerd's config.toml (version 3, containerd 2.x):
@@ -202,8 +207,8 @@ egressSelections:
 
 // Controllers are the kube-controller-manager controllers the node runs:
 // what Services, ServiceAccounts and the workload kinds need, nothing
-// about cloud, node lifecycle or IPAM (the bridge plugin's host-local has
-// the pod range).
+// about cloud or IPAM (the one node's host-local has the pod range; a
+// multi-node cluster adds NodeIPAMController).
 var Controllers = []string{
 	"endpointslice-controller",
 	"endpointslice-mirroring-controller",
@@ -220,6 +225,10 @@ var Controllers = []string{
 	// Takes the not-ready taint kubelet registers the Node with off.
 	"node-lifecycle-controller",
 }
+
+// NodeIPAMController is the controller that gives each Node a pod range
+// (spec.podCIDRs) from --cluster-cidr.
+const NodeIPAMController = "node-ipam-controller"
 
 func controllersFlag(extra ...string) string {
 	return "--controllers=" + strings.Join(append(append([]string(nil), Controllers...), extra...), ",")

@@ -1,5 +1,5 @@
-// Package cluster runs a one-node Kubernetes cluster in a box for the
-// real-node suite (test/node) and for `make cluster-up`: etcd and
+// Package cluster runs a Kubernetes cluster of one or more nodes in a box
+// for the real-node suites (test/node) and for `make cluster-up`: etcd and
 // kube-apiserver (test/controlplane), kube-controller-manager and
 // kube-scheduler, containerd v2.3 with Debian's runc, and kubelet, all
 // v1.37.2 and built from source; no kube-proxy anywhere (steelyard, applied
@@ -38,6 +38,21 @@
 // volumes resolve to the harness's directories. The one change to the
 // machine's file tree is an empty /etc/cni/net.d mount point, created when
 // missing and removed at teardown.
+//
+// # Several nodes (Options.Nodes > 1)
+//
+// Each node is the one node above, again: a network namespace, a private
+// mount namespace, a cgroup steelyard-node-<pid>-<x>/<node name>, its own
+// containerd (root, state, sockets under Dir/nodes/<name>) and kubelet
+// (root dir, config, kubelet cgroupRoot its cgroup), and the API server's
+// port relayed in its namespace. The nodes share a node LAN in a namespace
+// of its own (lan.go: a bridge there, nodes at 198.19.0.1-N, which stay
+// the InternalIPs; the egress proxy dials from there). kube-controller-
+// manager runs node IPAM (--allocate-node-cidrs, --cluster-cidr PodCIDR,
+// a /24 per node); the harness writes each node's conflist once its Node
+// has spec.podCIDRs, and routes every node's range via its LAN address on
+// the other nodes, as a routed CNI setup would. kubelet labels the nodes
+// topology.kubernetes.io/zone zone-a, zone-b, zone-c (round robin).
 //
 // containerd (with its shims and containers) and kubelet run in a cgroup of
 // their own, steelyard-node-<pid>, in every hierarchy; kubelet's cgroupRoot

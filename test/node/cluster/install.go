@@ -109,13 +109,13 @@ conntrack:
 		return err
 	}
 	kp := filepath.Join(filepath.Dir(c.Binaries.KubeControllerManager), "kube-proxy")
-	p, err := controlplane.StartComponent("kube-proxy", "nsenter", c.inNode(kp, "--config="+cfg, "--v=1"),
+	p, err := controlplane.StartComponent("kube-proxy", "nsenter", c.Nodes[0].inNode(kp, "--config="+cfg, "--v=1"),
 		filepath.Join(c.Dir, "kube-proxy.log"))
 	if err != nil {
 		return err
 	}
 	c.add(p)
-	if err := joinCgroup(c.cgroup+"/runtime", p.Pid()); err != nil {
+	if err := joinCgroup(c.Nodes[0].cgroup+"/runtime", p.Pid()); err != nil {
 		return err
 	}
 	deadline := time.Now().Add(time.Minute)

@@ -1,9 +1,11 @@
-// Command steelyard-cluster runs the one-node cluster of test/node/cluster
-// for a person (`make cluster-up`, `make cluster-down`):
+// Command steelyard-cluster runs the cluster of test/node/cluster for a
+// person (`make cluster-up [NODES=3]`, `make cluster-down`):
 //
-//	steelyard-cluster up [--state DIR]    start it, print the kubeconfig path,
-//	                                      keep running until SIGINT/SIGTERM,
-//	                                      then tear everything down
+//	steelyard-cluster up [--state DIR] [--nodes N]
+//	                                      start it (N nodes, default 1), print
+//	                                      the kubeconfig path, keep running
+//	                                      until SIGINT/SIGTERM, then tear
+//	                                      everything down
 //	steelyard-cluster down [--state DIR]  stop the one `up` started
 //
 // DIR (default /tmp/steelyard-cluster) holds the pid of `up`, its log and a
@@ -34,11 +36,12 @@ func main() {
 	}
 	fs := flag.NewFlagSet(os.Args[1], flag.ExitOnError)
 	state := fs.String("state", "/tmp/steelyard-cluster", "state directory")
+	nodes := fs.Int("nodes", 1, "number of nodes (up)")
 	_ = fs.Parse(os.Args[2:])
 	var err error
 	switch os.Args[1] {
 	case "up":
-		err = up(*state)
+		err = up(*state, *nodes)
 	case "down":
 		err = down(*state)
 	default:
@@ -50,7 +53,7 @@ func main() {
 	}
 }
 
-func up(state string) error {
+func up(state string, nodes int) error {
 	if err := os.MkdirAll(state, 0o755); err != nil {
 		return err
 	}
@@ -63,7 +66,8 @@ func up(state string) error {
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer cancel()
-	c, err := cluster.Start(ctx, cluster.Options{Logf: log.Printf})
+	t0 := time.Now()
+	c, err := cluster.Start(ctx, cluster.Options{Nodes: nodes, Logf: log.Printf})
 	if err != nil {
 		return err
 	}
@@ -72,7 +76,13 @@ func up(state string) error {
 		return err
 	}
 	fmt.Println(c.CP.Kubeconfig)
-	log.Printf("cluster up: KUBECONFIG=%s; node netns %s; stop with `make cluster-down`", c.CP.Kubeconfig, c.Sandbox.Node.Name)
+	for _, n := range c.Nodes {
+		log.Printf("node %s: InternalIP %s, pods %s, netns %s, zone %q", n.Name, n.IP, n.PodCIDR, n.NS.Name, n.Zone)
+	}
+	if c.LAN != nil {
+		log.Printf("node LAN %s in netns %s", cluster.NodeLAN, c.LAN.Name)
+	}
+	log.Printf("cluster up in %v: KUBECONFIG=%s; stop with `make cluster-down`", time.Since(t0).Round(time.Second), c.CP.Kubeconfig)
 	<-ctx.Done()
 	log.Printf("tearing down")
 	err = c.Stop()
