@@ -42,7 +42,7 @@ demo: deps build
 # Every suite: vet, unit tests (no root), kernel tests (root, in namespaces),
 # and the tests against a real kube-apiserver and etcd (built from source
 # once, about 11 minutes, then cached under ~/.cache/steelyard).
-test: deps build vet unit chart-check e2e k8s cni ingress ipvs gateway node docs-check
+test: deps build vet unit chart-check e2e k8s cni ingress ipvs gateway node multinode docs-check
 
 vet:
 	$(GO) vet ./...
@@ -168,7 +168,7 @@ node: node-deps chart-tool
 # three nodes on a node LAN (node IPAM, routed pod ranges, zones a/b/c),
 # steelyard from manifests/ on each; a 10/90 Service across nodes from a
 # client pod on every node and from outside through a NodePort of a node
-# without its pods. Not in test yet.
+# without its pods. In test since it is short (about 1.5 minutes warm).
 multinode: node-deps
 	$(ROOT) env $(NODE_ENV) $(GO) test -tags node,multinode -count=1 -timeout 30m -v -run '^TestMultiNode' ./test/node/
 
