@@ -123,6 +123,7 @@ type Health struct {
 	mu          sync.Mutex
 	started     time.Time
 	lastSuccess time.Time
+	ready       chan struct{} // closed by the first successful sync
 }
 
 // NewHealth returns a Health that considers the agent stale after timeout
@@ -131,15 +132,21 @@ func NewHealth(timeout time.Duration, clk clock.Clock) *Health {
 	if clk == nil {
 		clk = clock.RealClock{}
 	}
-	return &Health{Timeout: timeout, Clock: clk, started: clk.Now()}
+	return &Health{Timeout: timeout, Clock: clk, started: clk.Now(), ready: make(chan struct{})}
 }
 
 // Synced records a successful sync.
 func (h *Health) Synced() {
 	h.mu.Lock()
+	if h.lastSuccess.IsZero() && h.ready != nil {
+		close(h.ready)
+	}
 	h.lastSuccess = h.Clock.Now()
 	h.mu.Unlock()
 }
+
+// ReadyC is closed once the first sync has succeeded.
+func (h *Health) ReadyC() <-chan struct{} { return h.ready }
 
 // Healthy reports whether syncs are succeeding, and since when the last one did.
 func (h *Health) Healthy() (bool, time.Time) {

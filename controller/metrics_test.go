@@ -64,3 +64,21 @@ func TestAgentExportsSyncMetrics(t *testing.T) {
 		}
 	}
 }
+
+// ReadyC closes on the first successful sync, not before, and a later sync
+// does not close it twice.
+func TestHealthReadyC(t *testing.T) {
+	h := NewHealth(time.Minute, nil)
+	select {
+	case <-h.ReadyC():
+		t.Fatal("ready before any sync")
+	default:
+	}
+	h.Synced()
+	h.Synced()
+	select {
+	case <-h.ReadyC():
+	default:
+		t.Fatal("not ready after a successful sync")
+	}
+}

@@ -182,13 +182,21 @@ func newRunCommand() *cobra.Command {
 				fields["kubeconfig"], fields["service-proxy-name"] = kubeconfig, proxyName
 			}
 			ing.httpRoutes = gw.httpRoutes()
+			log.WithFields(fields).Info("steelyard starting")
+			synced := make(chan struct{})
+			go func() { r.Run(ctx.Done()); close(synced) }()
+			if ing.enabled {
+				// nginx proxies to VIPs: started before the first sync, it
+				// dials a VIP that has no DNAT yet, and that SYN leaves an
+				// un-NATed conntrack entry (SYN_SENT, 120 s) that black-holes
+				// every later connect from the same source port (measured:
+				// 504s in test/ingress TestWeights on a loaded machine).
+				waitFirstSync(ctx, health, firstSyncWait)
+			}
 			waitIngress, err := ing.start(ctx, kubeconfig, manifests, nodeName, metrics.Registry)
 			if err != nil {
 				return err
 			}
-			log.WithFields(fields).Info("steelyard starting")
-			synced := make(chan struct{})
-			go func() { r.Run(ctx.Done()); close(synced) }()
 			<-ctx.Done()
 			select {
 			case <-synced:
@@ -230,6 +238,23 @@ func newRunCommand() *cobra.Command {
 // nftables mode runs a second after each change, is programmed at once
 // instead of waiting up to the whole --min-sync-period.
 const syncBurst = 2
+
+// firstSyncWait bounds how long the nginx layer waits for the first
+// successful sync: a dataplane that keeps failing must not keep L7 down.
+const firstSyncWait = 30 * time.Second
+
+// waitFirstSync returns once the first sync has succeeded, after limit, or
+// when ctx ends (limit bounds the wait).
+func waitFirstSync(ctx context.Context, h *controller.Health, limit time.Duration) {
+	t := time.NewTimer(limit)
+	defer t.Stop()
+	select {
+	case <-h.ReadyC():
+	case <-t.C:
+		log.WithField("waited", limit).Warn("no successful sync yet: starting nginx anyway")
+	case <-ctx.Done():
+	}
+}
 
 // shutdownGrace is how long SIGTERM waits for the sync in progress to end
 // once its kernel children are killed; the agent exits within 2 s of
