@@ -14,6 +14,9 @@ set -euo pipefail
 
 version=${CNI_PLUGINS_VERSION:-v1.10.0}
 cache=${STEELYARD_CACHE:-$HOME/.cache/steelyard}
+# shellcheck source=lib/lock.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/lock.sh"
+cache_lock cni-plugins
 dir=$cache/cni-plugins-$version
 go=${GO:-go}
 plugins=(main/bridge main/loopback ipam/host-local meta/portmap)

@@ -47,8 +47,8 @@ if ! command -v apt-get >/dev/null 2>&1; then
 fi
 echo "install-deps: installing ${need[*]}"
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+apt-get -o DPkg::Lock::Timeout=600 update -qq
+apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 # Debian starts the packaged nginx service on install; steelyard only uses the
 # binary, so stop and disable a service we just installed.
 if [[ " ${need[*]} " == *" nginx-light "* ]] && command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then

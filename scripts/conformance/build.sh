@@ -17,6 +17,9 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cp=$here/../control-plane
 cache=${STEELYARD_CACHE:-$HOME/.cache/steelyard}
+# shellcheck source=../lib/lock.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/lock.sh"
+cache_lock conformance-build
 go=${GO:-go}
 # shellcheck source=../lib/args.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../lib/args.sh"

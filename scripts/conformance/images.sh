@@ -25,6 +25,9 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 node=$here/../node
 cache=${STEELYARD_CACHE:-$HOME/.cache/steelyard}
+# shellcheck source=../lib/lock.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/lock.sh"
+cache_lock conformance-images
 dir=$cache/images
 go=${GO:-go}
 agnhost_ref=registry.k8s.io/e2e-test-images/agnhost:2.66.1 # = scripts/node/images.sh

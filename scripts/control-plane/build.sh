@@ -22,6 +22,9 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache=${STEELYARD_CACHE:-$HOME/.cache/steelyard}
+# shellcheck source=../lib/lock.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/lock.sh"
+cache_lock control-plane
 go=${GO:-go}
 
 mode=dirs

@@ -16,6 +16,9 @@ set -euo pipefail
 
 version=${CONTAINERD_VERSION:-v2.3.7}
 cache=${STEELYARD_CACHE:-$HOME/.cache/steelyard}
+# shellcheck source=../lib/lock.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/lock.sh"
+cache_lock containerd
 dir=$cache/containerd-$version
 go=${GO:-go}
 mod=github.com/containerd/containerd/v2

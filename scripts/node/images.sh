@@ -24,6 +24,9 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 cache=${STEELYARD_CACHE:-$HOME/.cache/steelyard}
+# shellcheck source=../lib/lock.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/lock.sh"
+cache_lock node-images
 dir=$cache/images
 go=${GO:-go}
 pause_version=3.10.2

@@ -19,6 +19,9 @@ suite=${ROOTFS_SUITE:-bookworm}
 mirror=${ROOTFS_MIRROR:-http://deb.debian.org/debian}
 packages=${ROOTFS_PACKAGES:-iptables,ipset,ipvsadm,conntrack,iproute2,nftables,nginx-light}
 cache=${STEELYARD_CACHE:-$HOME/.cache/steelyard}
+# shellcheck source=../lib/lock.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/lock.sh"
+cache_lock rootfs
 key=$( (echo "$suite $packages"; cat "${BASH_SOURCE[0]}") | sha256sum | cut -c1-12)
 out=$cache/rootfs-$suite-$key.tar
 

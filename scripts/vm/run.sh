@@ -165,9 +165,16 @@ INIT
 	echo "vm: built $base ($(du -h "$base" | cut -f1))" >&2
 }
 
-if [ ! -s "$base" ] || [ ! -s "$cache/vmlinuz" ]; then
-	build_base
-fi
+# One builder at a time (scripts/lib/lock.sh), held only while building:
+# the VMs themselves run side by side.
+(
+	# shellcheck source=../lib/lock.sh
+	. "$here/../lib/lock.sh"
+	cache_lock vm
+	if [ ! -s "$base" ] || [ ! -s "$cache/vmlinuz" ]; then
+		build_base
+	fi
+)
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
