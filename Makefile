@@ -42,7 +42,18 @@ demo: deps build
 # Every suite: vet, unit tests (no root), kernel tests (root, in namespaces),
 # and the tests against a real kube-apiserver and etcd (built from source
 # once, about 11 minutes, then cached under ~/.cache/steelyard).
-test: deps build vet unit chart-check e2e k8s cni ingress ipvs gateway node multinode docs-check
+test: deps build prebuild vet unit chart-check e2e k8s cni ingress ipvs gateway node multinode docs-check
+
+# The slow cache builds of later suites (Kubernetes from source, containerd,
+# the CNI reference plugins) start in the background, so that with every
+# cache cold they overlap vet, unit and e2e, which leave a core idle much of
+# the time. Each script holds its cache's lock (scripts/lib/lock.sh): the
+# suite that needs one waits for it there, and builds it itself if the
+# background build failed. Their output: bin/prebuild.log.
+.PHONY: prebuild
+prebuild:
+	@mkdir -p bin
+	@(scripts/control-plane/build.sh && scripts/node/containerd.sh && scripts/cni-plugins.sh) >bin/prebuild.log 2>&1 </dev/null &
 
 vet:
 	$(GO) vet ./...
