@@ -57,40 +57,41 @@ func (t releaseTarget) config() (*action.Configuration, error) {
 	return cfg, nil
 }
 
-// cmdInstall is helm install --wait: the chart stamped with version.
-func cmdInstall(chartDir, version string, t releaseTarget, set setFlags) error {
+// releaseFunc is one Helm action on release t: install or upgrade.
+type releaseFunc func(cfg *action.Configuration, chartDir, version string, t releaseTarget, set setFlags) (release.Releaser, error)
+
+// cmdRelease runs do (install or upgrade, both --wait) and prints the
+// release it made.
+func cmdRelease(do releaseFunc, chartDir, version string, t releaseTarget, set setFlags) error {
 	cfg, err := t.config()
 	if err != nil {
 		return err
 	}
-	rel, err := install(cfg, chartDir, version, t, set)
+	rel, err := do(cfg, chartDir, version, t, set)
 	if err != nil {
 		return err
 	}
 	return printRelease(rel)
 }
 
-// cmdUpgrade is helm upgrade --reuse-values --wait.
-func cmdUpgrade(chartDir, version string, t releaseTarget, set setFlags) error {
-	cfg, err := t.config()
+// chartAndValues loads the chart in chartDir stamped with version and
+// the -set values.
+func chartAndValues(chartDir, version string, set setFlags) (*chart.Chart, map[string]any, error) {
+	c, err := Load(chartDir, version)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	rel, err := upgrade(cfg, chartDir, version, t, set)
+	vals, err := set.values()
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	return printRelease(rel)
+	return c, vals, nil
 }
 
 // install installs the chart in chartDir, stamped with version, as release
 // t.name in t.namespace with the -set values, and waits for its objects.
 func install(cfg *action.Configuration, chartDir, version string, t releaseTarget, set setFlags) (release.Releaser, error) {
-	c, err := Load(chartDir, version)
-	if err != nil {
-		return nil, err
-	}
-	vals, err := set.values()
+	c, vals, err := chartAndValues(chartDir, version, set)
 	if err != nil {
 		return nil, err
 	}
@@ -108,11 +109,7 @@ func install(cfg *action.Configuration, chartDir, version string, t releaseTarge
 // values of the last release (--reuse-values) with the -set values over
 // them, and waits for its objects.
 func upgrade(cfg *action.Configuration, chartDir, version string, t releaseTarget, set setFlags) (release.Releaser, error) {
-	c, err := Load(chartDir, version)
-	if err != nil {
-		return nil, err
-	}
-	vals, err := set.values()
+	c, vals, err := chartAndValues(chartDir, version, set)
 	if err != nil {
 		return nil, err
 	}

@@ -52,9 +52,9 @@ func main() {
 	case "package":
 		err = cmdPackage(*chartDir, *version, *out)
 	case "install":
-		err = cmdInstall(*chartDir, *version, t, set)
+		err = cmdRelease(install, *chartDir, *version, t, set)
 	case "upgrade":
-		err = cmdUpgrade(*chartDir, *version, t, set)
+		err = cmdRelease(upgrade, *chartDir, *version, t, set)
 	case "uninstall":
 		err = cmdUninstall(t)
 	default:
