@@ -76,6 +76,9 @@ func TestMultiNodeCluster(t *testing.T) {
 		if len(p.Status.ContainerStatuses) != 1 || !p.Status.ContainerStatuses[0].Ready {
 			t.Errorf("node %s: steelyard pod %s not Ready: %+v", n.Name, p.Name, p.Status.ContainerStatuses)
 		}
+		// Installed without a cluster CIDR: each agent took its Node's
+		// range.
+		wantLocalDetection(t, p, "NodeCIDR", n.PodCIDR)
 		conf, err := os.ReadFile(filepath.Join(n.CNIConfDir, cluster.MainConflist))
 		if err != nil {
 			t.Fatal(err)
