@@ -386,3 +386,27 @@ func wantLocalDetection(t testing.TB, p corev1.Pod, mode string, cidrs ...netip.
 	}
 	t.Errorf("pod %s: no \"local traffic detection\" line in its log", p.Name)
 }
+
+// deploymentYAML is the YAML of a Deployment app of n netexec pods
+// (cluster.NetexecPodSpec, after the pod spec fields of extraSpec, YAML
+// indented for the pod template) and a Service app of type svcType on
+// port 80.
+func deploymentYAML(app string, n int, extraSpec, svcType string) string {
+	return fmt.Sprintf(`apiVersion: apps/v1
+kind: Deployment
+metadata: {name: %[1]s, namespace: default}
+spec:
+  replicas: %[2]d
+  selector: {matchLabels: {app: %[1]s}}
+  template:
+    metadata: {labels: {app: %[1]s}}
+    spec:`, app, n) + extraSpec + cluster.NetexecPodSpec + fmt.Sprintf(`---
+apiVersion: v1
+kind: Service
+metadata: {name: %[1]s, namespace: default}
+spec:
+  type: %[2]s
+  selector: {app: %[1]s}
+  ports: [{name: http, port: 80, targetPort: 8080}]
+`, app, svcType)
+}
