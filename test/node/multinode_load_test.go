@@ -34,11 +34,13 @@ spec:
 
 // spreadDeployment is the YAML of a Deployment of n netexec pods labelled
 // app, at most one more on any node than on another (a topology spread
-// over kubernetes.io/hostname), and a NodePort Service app on port 80.
+// over kubernetes.io/hostname; a cordoned node, tainted unschedulable,
+// is no domain: nodeTaintsPolicy Honor), and a NodePort Service app on
+// port 80.
 func spreadDeployment(app string, n int) string {
 	return deploymentYAML(app, n, `
       topologySpreadConstraints:
-      - {maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, labelSelector: {matchLabels: {app: `+app+`}}}`,
+      - {maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, nodeTaintsPolicy: Honor, labelSelector: {matchLabels: {app: `+app+`}}}`,
 		"NodePort")
 }
 
