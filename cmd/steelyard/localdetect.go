@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -105,7 +106,7 @@ func detectLocal(ctx context.Context, client kubernetes.Interface, mode string, 
 		if len(flagged) > 0 || client == nil {
 			return localTraffic{Mode: DetectClusterCIDR, CIDRs: flagged, From: "--cluster-cidr"}, nil
 		}
-		cidrs, err := kubeProxyClusterCIDR(ctx, client)
+		cidrs, err := kubeProxyClusterCIDR(ctx, client, wait)
 		if err != nil {
 			return localTraffic{}, err
 		}
@@ -126,17 +127,32 @@ func detectLocal(ctx context.Context, client kubernetes.Interface, mode string, 
 // kubeProxyClusterCIDR reads clusterCIDR from kube-proxy's ConfigMap. A
 // missing ConfigMap, key or value, or one the agent may not read, is none;
 // a value that does not parse is an error (a cluster CIDR was meant).
-func kubeProxyClusterCIDR(ctx context.Context, client kubernetes.Interface) ([]netip.Prefix, error) {
-	cm, err := client.CoreV1().ConfigMaps(kubeProxyConfigNS).Get(ctx, kubeProxyConfigName, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		logLocal.Debug("no kube-proxy ConfigMap")
-		return nil, nil
-	case apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err):
-		logLocal.WithError(err).Info("cannot read the kube-proxy ConfigMap; no cluster CIDR from it")
-		return nil, nil
-	case err != nil:
-		return nil, fmt.Errorf("reading ConfigMap %s/%s: %w", kubeProxyConfigNS, kubeProxyConfigName, err)
+// Other API errors (the API server not up yet) are retried for up to wait.
+func kubeProxyClusterCIDR(ctx context.Context, client kubernetes.Interface, wait time.Duration) ([]netip.Prefix, error) {
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	var cm *corev1.ConfigMap
+	for {
+		var err error
+		cm, err = client.CoreV1().ConfigMaps(kubeProxyConfigNS).Get(ctx, kubeProxyConfigName, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			logLocal.Debug("no kube-proxy ConfigMap")
+			return nil, nil
+		case apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err):
+			logLocal.WithError(err).Info("cannot read the kube-proxy ConfigMap; no cluster CIDR from it")
+			return nil, nil
+		case err == nil:
+		default:
+			logLocal.WithError(err).Info("reading the kube-proxy ConfigMap; retrying")
+			select {
+			case <-ctx.Done():
+				return nil, fmt.Errorf("reading ConfigMap %s/%s: %w", kubeProxyConfigNS, kubeProxyConfigName, err)
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		break
 	}
 	var conf struct {
 		ClusterCIDR string `json:"clusterCIDR"`

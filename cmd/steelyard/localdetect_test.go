@@ -145,12 +145,25 @@ func TestDetectLocalConfigMapForbidden(t *testing.T) {
 	if got.Mode != DetectNodeCIDR || !slices.Equal(got.CIDRs, prefixes("198.19.65.0/24")) {
 		t.Fatalf("got %+v, want NodeCIDR 198.19.65.0/24", got)
 	}
-	// Another API error is one: the agent cannot tell what was meant.
+	// Another API error is retried (the API server starting), and is one
+	// once the wait is over: the agent cannot tell what was meant.
+	down := 2
+	client.PrependReactor("get", "configmaps", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if down > 0 {
+			down--
+			return true, nil, apierrors.NewServiceUnavailable("down")
+		}
+		return false, nil, nil
+	})
+	got, err = detectLocal(t.Context(), client, detectAuto, nil, "n1", 30*time.Second)
+	if err != nil || got.Mode != DetectNodeCIDR || down != 0 {
+		t.Fatalf("after two failed reads: %+v, %v (%d failures left), want NodeCIDR", got, err, down)
+	}
 	client.PrependReactor("get", "configmaps", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, apierrors.NewServiceUnavailable("down")
 	})
-	if _, err := detectLocal(t.Context(), client, detectAuto, nil, "n1", time.Second); err == nil {
-		t.Fatal("an unavailable API server gave no error")
+	if _, err := detectLocal(t.Context(), client, detectAuto, nil, "n1", 1500*time.Millisecond); err == nil || !strings.Contains(err.Error(), "reading ConfigMap") {
+		t.Fatalf("an API server down for the whole wait: %v, want the read's error", err)
 	}
 }
 
