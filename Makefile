@@ -177,11 +177,12 @@ node-deps: deps control-plane
 node: node-deps chart-tool
 	$(ROOT) env $(NODE_ENV) STEELYARD_CHART_BIN=$(CURDIR)/bin/steelyard-chart STEELYARD_VERSION=$(VERSION) $(GO) test -tags node -count=1 -timeout 30m -v ./test/node/
 
-# The multi-node tests (test/node/multinode_test.go): the same harness with
+# The multi-node tests (test/node/multinode*_test.go): the same harness with
 # three nodes on a node LAN (node IPAM, routed pod ranges, zones a/b/c),
-# steelyard from manifests/ on each; a 10/90 Service across nodes from a
-# client pod on every node and from outside through a NodePort of a node
-# without its pods. In test since it is short (about 1.5 minutes warm).
+# steelyard from manifests/ on each (no pod range given); a 10/90 Service
+# across nodes, external/internalTrafficPolicy Local, trafficDistribution,
+# kubectl drain and a DaemonSet rolling update under load. In test since it
+# is short (4 min 17 s warm at load 20-30, docs/testing.md#make-multinode).
 multinode: node-deps
 	$(ROOT) env $(NODE_ENV) $(GO) test -tags node,multinode -count=1 -timeout 30m -v -run '^TestMultiNode' ./test/node/
 

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"slices"
 	"sync"
@@ -19,6 +20,7 @@ import (
 const (
 	fieldZone      = "zone"
 	fieldAddresses = "addresses"
+	fieldPodCIDRs  = "pod-cidrs"
 )
 
 // NodeFacts are what the agent uses from its own Node object.
@@ -28,16 +30,41 @@ type NodeFacts struct {
 	// Addrs are the primary addresses: the first InternalIP of each family,
 	// else the first ExternalIP.
 	Addrs []netip.Addr
+	// PodCIDRs are spec.podCIDRs (node IPAM's ranges of this node), for
+	// --detect-local-mode=NodeCIDR; values that do not parse are left out.
+	PodCIDRs []netip.Prefix
 }
 
-// Equal reports whether f and o carry the same zone and addresses.
+// Equal reports whether f and o carry the same zone, addresses and pod
+// ranges.
 func (f NodeFacts) Equal(o NodeFacts) bool {
-	return f.Zone == o.Zone && slices.Equal(f.Addrs, o.Addrs)
+	return f.Zone == o.Zone && slices.Equal(f.Addrs, o.Addrs) && slices.Equal(f.PodCIDRs, o.PodCIDRs)
+}
+
+// PodCIDRs returns a Node's pod ranges, masked: spec.podCIDRs, or
+// spec.podCIDR where only that is set.
+func PodCIDRs(node *corev1.Node) ([]netip.Prefix, error) {
+	vals := node.Spec.PodCIDRs
+	if len(vals) == 0 && node.Spec.PodCIDR != "" {
+		vals = []string{node.Spec.PodCIDR}
+	}
+	var out []netip.Prefix
+	for _, v := range vals {
+		p, err := netip.ParsePrefix(v)
+		if err != nil {
+			return nil, fmt.Errorf("Node %s: pod CIDR %q: %w", node.Name, v, err)
+		}
+		if p = p.Masked(); !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out, nil
 }
 
 // nodeFacts reads the facts off a Node.
 func nodeFacts(node *corev1.Node) NodeFacts {
 	f := NodeFacts{Zone: node.Labels[corev1.LabelTopologyZone]}
+	f.PodCIDRs, _ = PodCIDRs(node) // an unparsable range: none (the agent logs its own check at start)
 	for _, typ := range []corev1.NodeAddressType{corev1.NodeInternalIP, corev1.NodeExternalIP} {
 		for _, a := range node.Status.Addresses {
 			ip, err := netip.ParseAddr(a.Address)
@@ -69,7 +96,7 @@ type NodeWatcher struct {
 
 // WatchNode starts a NodeWatcher for the Node called name until ctx ends;
 // onChange (may be nil) runs, on the watcher's goroutine, each time the
-// zone or the primary addresses change, the first sighting included.
+// zone, the primary addresses or the pod ranges change, the first sighting included.
 func WatchNode(ctx context.Context, client kubernetes.Interface, name string, onChange func(NodeFacts)) *NodeWatcher {
 	w := &NodeWatcher{name: name, onChange: onChange}
 	sel := fields.OneTermEqualSelector("metadata.name", name).String()
@@ -112,7 +139,7 @@ func (w *NodeWatcher) observe(obj any) {
 	w.facts, w.known = f, true
 	w.mu.Unlock()
 	if changed {
-		log.WithField(fieldZone, f.Zone).WithField(fieldAddresses, f.Addrs).Info("this node's zone and addresses")
+		log.WithField(fieldZone, f.Zone).WithField(fieldAddresses, f.Addrs).WithField(fieldPodCIDRs, f.PodCIDRs).Info("this node's zone, addresses and pod ranges")
 		if w.onChange != nil {
 			w.onChange(f)
 		}
@@ -123,5 +150,5 @@ func (w *NodeWatcher) observe(obj any) {
 func (w *NodeWatcher) Facts() (NodeFacts, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return NodeFacts{Zone: w.facts.Zone, Addrs: slices.Clone(w.facts.Addrs)}, w.known
+	return NodeFacts{Zone: w.facts.Zone, Addrs: slices.Clone(w.facts.Addrs), PodCIDRs: slices.Clone(w.facts.PodCIDRs)}, w.known
 }

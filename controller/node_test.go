@@ -99,6 +99,14 @@ func TestWatchNodeFollowsOwnNode(t *testing.T) {
 	if f, ok := w.Facts(); !ok || f.Zone != "z2" || f.Addrs[0] != netip.MustParseAddr("198.19.0.3") {
 		t.Fatalf("Facts() = %+v, %v", f, ok)
 	}
+	// Node IPAM gives the node its range (--detect-local-mode=NodeCIDR
+	// follows it).
+	n = testNode("a", "z2", internal("198.19.0.3"))
+	n.Spec.PodCIDRs = []string{"198.19.65.7/24", "2001:2:0:1:1::/80"}
+	update(n)
+	if f := next("pod range change"); len(f.PodCIDRs) != 2 || f.PodCIDRs[0] != netip.MustParsePrefix("198.19.65.0/24") || f.PodCIDRs[1] != netip.MustParsePrefix("2001:2:0:1:1::/80") {
+		t.Fatalf("pod ranges %v, want 198.19.65.0/24 (masked) and 2001:2:0:1:1::/80", f.PodCIDRs)
+	}
 }
 
 // recordingDataplane keeps the last State it was given.

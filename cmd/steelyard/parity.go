@@ -21,6 +21,9 @@ type nodeFlags struct {
 	nodePortAddresses []string
 	// sysctlDir is run's --sysctl-dir.
 	sysctlDir string
+	// onPodCIDRs, when set, sees this Node's spec.podCIDRs at each change
+	// of the Node (run's --detect-local-mode=NodeCIDR).
+	onPodCIDRs func([]netip.Prefix)
 }
 
 func (f *nodeFlags) register(cmd *cobra.Command, withAddresses bool) {
@@ -80,7 +83,13 @@ func (f *nodeFlags) setupParity(ctx context.Context, agent *controller.Agent, d 
 	var nodeWatch *controller.NodeWatcher
 	if manifests == "" {
 		if client, err := newClient(kubeconfig); err == nil {
-			nodeWatch = controller.WatchNode(ctx, client, nodeName, func(controller.NodeFacts) { agent.NodeChanged(); trigger() })
+			nodeWatch = controller.WatchNode(ctx, client, nodeName, func(nf controller.NodeFacts) {
+				if f.onPodCIDRs != nil {
+					f.onPodCIDRs(nf.PodCIDRs)
+				}
+				agent.NodeChanged()
+				trigger()
+			})
 			if f.zone == "" { // the flag, when given, wins over the label
 				agent.Zone = func() string {
 					if nf, ok := nodeWatch.Facts(); ok {

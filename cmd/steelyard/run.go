@@ -81,15 +81,27 @@ func newRunCommand() *cobra.Command {
 		ing            ingressFlags
 		node           nodeFlags
 		gw             gatewayFlags
+		detectLocal    string
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the node agent: program the kernel from Services and EndpointSlices",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			// Flags are checked (the dataplane opened, which writes
-			// nothing) before the first kernel write: a bad flag changes
-			// nothing.
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			// A change of this node's pod ranges under NodeCIDR ends the
+			// run with errPodCIDRsChanged (the pod restarts).
+			ctx, restart := context.WithCancelCause(ctx)
+			defer restart(nil)
+			// Flags are checked (the local sources found, the dataplane
+			// opened, which writes nothing) before the first kernel
+			// write: a bad flag changes nothing.
+			local, err := resolveLocalTraffic(ctx, &dp, detectLocal, manifests, kubeconfig, nodeName)
+			if err != nil {
+				return err
+			}
+			node.onPodCIDRs = local.podCIDRsChanged(restart)
 			addrs := &nodeAddressSource{}
 			dp.localhostNodePorts = localhostNodePorts(&dp, &node)
 			if err := checkLocalhostNodePorts(&dp, cmd.Flags().Changed("localhost-nodeports")); err != nil {
@@ -113,8 +125,6 @@ func newRunCommand() *cobra.Command {
 					return err
 				}
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
-			defer stop()
 			// On SIGTERM the kernel tool in flight (a restore of 10,000
 			// Services takes seconds) is killed at once: it commits nothing.
 			context.AfterFunc(ctx, execx.Shutdown)
@@ -212,6 +222,9 @@ func newRunCommand() *cobra.Command {
 			// Rules stay in place: connections keep flowing while we are
 			// away, and the next start syncs without flushing.
 			log.Info("stopping; rules left in place")
+			if err := context.Cause(ctx); errors.Is(err, errPodCIDRsChanged) {
+				return err
+			}
 			return nil
 		},
 	}
@@ -219,6 +232,7 @@ func newRunCommand() *cobra.Command {
 	node.register(cmd, true)
 	ing.register(cmd)
 	gw.register(cmd, true)
+	cmd.Flags().StringVar(&detectLocal, "detect-local-mode", DetectClusterCIDR, "how pod traffic is told from other sources (others are masqueraded to VIPs), as kube-proxy's flag: ClusterCIDR (--cluster-cidr; without it, clusterCIDR of the kube-system/kube-proxy ConfigMap when readable), NodeCIDR (this node's spec.podCIDRs; exits to restart when they change), or empty: ClusterCIDR when a cluster CIDR is known, else NodeCIDR")
 	cmd.Flags().StringVar(&manifests, "manifests", "", "directory of Service and EndpointSlice manifests (YAML or JSON); without it, the API server is the source")
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the API server (in-cluster config when empty)")
 	cmd.Flags().StringVar(&nodeName, "node-name", defaultNodeName(), "this node's name (default: $NODE_NAME, else the hostname)")

@@ -167,20 +167,21 @@ func TestIngressPatch(t *testing.T) {
 // TestValues: each value reaches the object and field it names.
 func TestValues(t *testing.T) {
 	files := render(t, map[string]any{
-		"mode":         "nftables",
-		"iptablesMode": "legacy",
-		"apiServer":    "198.19.0.1:6443",
-		"clusterCIDR":  "198.19.64.0/18",
-		"image":        map[string]any{"repository": "example.test/steelyard", "tag": "v9.9.9", "pullPolicy": "Always"},
-		"resources":    map[string]any{"limits": map[string]any{"memory": "512Mi"}},
-		"tolerations":  []any{map[string]any{"key": "dedicated", "operator": "Equal", "value": "lb", "effect": "NoSchedule"}},
-		"nodeSelector": map[string]any{"kubernetes.io/os": "linux"},
-		"metrics":      map[string]any{"enabled": false},
-		"gateway":      map[string]any{"enabled": true, "addressPool": "198.18.255.0/24"},
-		"extraArgs":    []any{"--localhost-nodeports=false"},
+		"mode":            "nftables",
+		"iptablesMode":    "legacy",
+		"apiServer":       "198.19.0.1:6443",
+		"clusterCIDR":     "198.19.64.0/18",
+		"detectLocalMode": "NodeCIDR",
+		"image":           map[string]any{"repository": "example.test/steelyard", "tag": "v9.9.9", "pullPolicy": "Always"},
+		"resources":       map[string]any{"limits": map[string]any{"memory": "512Mi"}},
+		"tolerations":     []any{map[string]any{"key": "dedicated", "operator": "Equal", "value": "lb", "effect": "NoSchedule"}},
+		"nodeSelector":    map[string]any{"kubernetes.io/os": "linux"},
+		"metrics":         map[string]any{"enabled": false},
+		"gateway":         map[string]any{"enabled": true, "addressPool": "198.18.255.0/24"},
+		"extraArgs":       []any{"--localhost-nodeports=false"},
 	})
 	cms := configMaps(t, files)
-	for k, want := range map[string]string{"MODE": "nftables", "IPTABLES_MODE": "legacy", "CLUSTER_CIDR": "198.19.64.0/18"} {
+	for k, want := range map[string]string{"MODE": "nftables", "IPTABLES_MODE": "legacy", "CLUSTER_CIDR": "198.19.64.0/18", "DETECT_LOCAL_MODE": "NodeCIDR"} {
 		if got := cms["steelyard-config"][k]; got != want {
 			t.Errorf("steelyard-config %s = %q, want %q", k, got, want)
 		}
@@ -261,6 +262,7 @@ func TestBadValues(t *testing.T) {
 		want string
 	}{
 		{map[string]any{"mode": "userspace"}, "mode"},
+		{map[string]any{"detectLocalMode": "BridgeInterface"}, "detectLocalMode"},
 		{map[string]any{"apiServer": "198.19.0.1"}, "apiServer"},
 		{map[string]any{"apiServer": "2001:2::1:443"}, "apiServer"},
 		{map[string]any{"ingress": map[string]any{"upstreams": "endpoints"}}, "upstreams"},

@@ -5,6 +5,7 @@ package k8s
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os/exec"
 	"path/filepath"
 	"sort"
@@ -58,8 +59,8 @@ func TestRBAC(t *testing.T) {
 	t.Logf("kubectl apply -f manifests/00-namespace.yaml: %s", out)
 	out = kubectl("apply", "--dry-run=server", "-f", manifestsDir)
 	t.Logf("kubectl apply --dry-run=server -f manifests/:\n%s", out)
-	if n := strings.Count(out, "(server dry run)"); n != 6 {
-		t.Errorf("the dry run reported %d objects, want the 6 of manifests/", n)
+	if n := strings.Count(out, "(server dry run)"); n != 8 {
+		t.Errorf("the dry run reported %d objects, want the 8 of manifests/", n)
 	}
 	out = kubectl("apply", "-f", filepath.Join(manifestsDir, "10-rbac.yaml"))
 	t.Logf("kubectl apply -f manifests/10-rbac.yaml:\n%s", out)
@@ -119,6 +120,13 @@ func TestRBAC(t *testing.T) {
 	denied["delete node"] = sa.CoreV1().Nodes().Delete(ctx, "no-such-node", metav1.DeleteOptions{})
 	_, denied["create node"] = sa.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "intruder"}}, metav1.CreateOptions{})
 	_, denied["list configmaps"] = sa.CoreV1().ConfigMaps("").List(ctx, metav1.ListOptions{})
+	// Of the ConfigMaps only kube-system/kube-proxy (its clusterCIDR,
+	// --detect-local-mode): no other name there, not that name elsewhere.
+	_, denied["get configmap kube-system/coredns"] = sa.CoreV1().ConfigMaps("kube-system").Get(ctx, "coredns", metav1.GetOptions{})
+	_, denied["get configmap kube-proxy in "+testNS] = sa.CoreV1().ConfigMaps(testNS).Get(ctx, "kube-proxy", metav1.GetOptions{})
+	if _, err := sa.CoreV1().ConfigMaps("kube-system").Get(ctx, "kube-proxy", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("as the steelyard ServiceAccount, get configmap kube-system/kube-proxy (there is none): %v, want NotFound", err)
+	}
 	_, denied["create service"] = sa.CoreV1().Services(testNS).Create(ctx, newService("intruder", "198.18.0.79", nil, nil), metav1.CreateOptions{})
 	svc, err := e.admin.CoreV1().Services(testNS).Get(ctx, "rbac-web", metav1.GetOptions{})
 	if err != nil {
@@ -158,6 +166,12 @@ func TestRBAC(t *testing.T) {
 		"/nodes:get": true, "/nodes:list": true, "/nodes:watch": true,
 	}
 	for _, ns := range []string{testNS, "steelyard", "kube-system"} {
+		granted := maps.Clone(granted)
+		if ns == "kube-system" {
+			// The Role steelyard-kube-proxy-config: kube-proxy's
+			// clusterCIDR, read once at start.
+			granted["/configmaps:get[kube-proxy]"] = true
+		}
 		baseline := rules(t, control, ns)
 		for _, k := range []string{"/services:list", "/secrets:list", "/pods:list"} {
 			if baseline[k] {

@@ -15,8 +15,6 @@ import (
 
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"github.com/steelyard-net/steelyard/test/node/cluster"
 )
 
 // churn is one scale-churn run: a Deployment of NetexecPodSpec pods (the
@@ -77,22 +75,7 @@ func errClass(err error) string {
 func (c churn) run(t *testing.T) churnResult {
 	t.Helper()
 	web(t)
-	apply(t, fmt.Sprintf(`apiVersion: apps/v1
-kind: Deployment
-metadata: {name: %[1]s, namespace: default}
-spec:
-  replicas: %[2]d
-  selector: {matchLabels: {app: %[1]s}}
-  template:
-    metadata: {labels: {app: %[1]s}}
-    spec:`+cluster.NetexecPodSpec+`---
-apiVersion: v1
-kind: Service
-metadata: {name: %[1]s, namespace: default}
-spec:
-  selector: {app: %[1]s}
-  ports: [{port: 80, targetPort: 8080}]
-`, c.name, c.lo))
+	apply(t, deploymentYAML(c.name, c.lo, "", "ClusterIP"))
 	t.Cleanup(func() {
 		_, _ = node.Kubectl(context.Background(), "delete", "deployment/"+c.name, "service/"+c.name, "--wait=false")
 	})

@@ -5,6 +5,7 @@ package node
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -357,4 +359,54 @@ func waitVerify(t testing.TB, timeout time.Duration) {
 		}
 		time.Sleep(time.Second)
 	}
+}
+
+// wantLocalDetection checks the agent's log line "local traffic detection"
+// in pod p: how it tells pod traffic from other sources
+// (--detect-local-mode, resolved) and the pod ranges it found.
+func wantLocalDetection(t testing.TB, p corev1.Pod, mode string, cidrs ...netip.Prefix) {
+	t.Helper()
+	out := kubectl(t, "-n", "steelyard", "logs", p.Name, "-c", "steelyard")
+	for _, line := range strings.Split(out, "\n") {
+		var l struct {
+			Msg   string         `json:"msg"`
+			Mode  string         `json:"mode"`
+			CIDRs []netip.Prefix `json:"cidrs"`
+			From  string         `json:"from"`
+		}
+		if json.Unmarshal([]byte(line), &l) != nil || l.Msg != "local traffic detection" {
+			continue
+		}
+		if l.Mode != mode || !slices.Equal(l.CIDRs, cidrs) {
+			t.Errorf("pod %s: local traffic detection %s %v (from %s), want %s %v", p.Name, l.Mode, l.CIDRs, l.From, mode, cidrs)
+		} else {
+			t.Logf("pod %s: local traffic detection %s %v from %s", p.Name, l.Mode, l.CIDRs, l.From)
+		}
+		return
+	}
+	t.Errorf("pod %s: no \"local traffic detection\" line in its log", p.Name)
+}
+
+// deploymentYAML is the YAML of a Deployment app of n netexec pods
+// (cluster.NetexecPodSpec, after the pod spec fields of extraSpec, YAML
+// indented for the pod template) and a Service app of type svcType on
+// port 80.
+func deploymentYAML(app string, n int, extraSpec, svcType string) string {
+	return fmt.Sprintf(`apiVersion: apps/v1
+kind: Deployment
+metadata: {name: %[1]s, namespace: default}
+spec:
+  replicas: %[2]d
+  selector: {matchLabels: {app: %[1]s}}
+  template:
+    metadata: {labels: {app: %[1]s}}
+    spec:`, app, n) + extraSpec + cluster.NetexecPodSpec + fmt.Sprintf(`---
+apiVersion: v1
+kind: Service
+metadata: {name: %[1]s, namespace: default}
+spec:
+  type: %[2]s
+  selector: {app: %[1]s}
+  ports: [{name: http, port: 80, targetPort: 8080}]
+`, app, svcType)
 }

@@ -76,6 +76,9 @@ func TestMultiNodeCluster(t *testing.T) {
 		if len(p.Status.ContainerStatuses) != 1 || !p.Status.ContainerStatuses[0].Ready {
 			t.Errorf("node %s: steelyard pod %s not Ready: %+v", n.Name, p.Name, p.Status.ContainerStatuses)
 		}
+		// Installed without a cluster CIDR: each agent took its Node's
+		// range.
+		wantLocalDetection(t, p, "NodeCIDR", n.PodCIDR)
 		conf, err := os.ReadFile(filepath.Join(n.CNIConfDir, cluster.MainConflist))
 		if err != nil {
 			t.Fatal(err)
@@ -313,28 +316,30 @@ func shorten(s string) string {
 	return s
 }
 
-// waitSliceReady waits until the Service's EndpointSlices list n ready
-// endpoints.
+// waitSliceReady waits until the Service's EndpointSlices list n
+// endpoints, all ready (a terminating one still listed does not count as
+// gone).
 func waitSliceReady(t *testing.T, svc string, n int, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
 		l, err := node.Client().DiscoveryV1().EndpointSlices("default").List(t.Context(), metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + svc})
-		ready := 0
+		ready, total := 0, 0
 		if err == nil {
 			for _, s := range l.Items {
 				for _, e := range s.Endpoints {
+					total++
 					if e.Conditions.Ready != nil && *e.Conditions.Ready {
 						ready++
 					}
 				}
 			}
-			if ready == n {
+			if ready == n && total == n {
 				return
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("Service %s: %d ready endpoints after %v, want %d (%v)", svc, ready, timeout, n, err)
+			t.Fatalf("Service %s: %d endpoints, %d ready after %v, want %d ready (%v)", svc, total, ready, timeout, n, err)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}

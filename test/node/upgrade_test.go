@@ -44,7 +44,7 @@ func helmChart(ctx context.Context, args ...string) (string, error) {
 
 // TestHelmInstallUpgradeMode: the kubectl install of manifests/ is
 // replaced by the chart installed with the Helm library (the values a user
-// gives: apiServer, clusterCIDR); the agent runs in iptables mode and the
+// gives: apiServer, nothing else: the pod range is the Node's); the agent runs in iptables mode and the
 // kernel equals verify's desired state. Then helm upgrade --reuse-values
 // --set mode=nftables under bounded load from the client pod: the
 // DaemonSet rolls by itself (the config hash on its pod template), the new
@@ -89,8 +89,7 @@ func TestHelmInstallUpgradeMode(t *testing.T) {
 	})
 
 	out, err := helmChart(t.Context(), "install",
-		"-set", fmt.Sprintf("apiServer=%s:%d", node.NodeIP, node.APIPort),
-		"-set", "clusterCIDR="+cluster.PodCIDR.String())
+		"-set", fmt.Sprintf("apiServer=%s:%d", node.NodeIP, node.APIPort))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,6 +108,8 @@ func TestHelmInstallUpgradeMode(t *testing.T) {
 	kubectl(t, "-n", "steelyard", "rollout", "status", "ds/steelyard", "--timeout=2m")
 	verifyMode(t, "", time.Minute)
 	old := steelyardPod(t)
+	// No clusterCIDR given: the agent took the Node's spec.podCIDRs.
+	wantLocalDetection(t, old, "NodeCIDR", cluster.PodCIDR)
 	if len(steelyardRules(t)) == 0 {
 		t.Fatal("iptables mode: no STEELYARD rules in the node namespace")
 	}

@@ -241,7 +241,13 @@ func (c *Cluster) start(ctx context.Context) error {
 		}
 	}
 	c.ContainerdSock = first.ContainerdSock
-	if len(c.Nodes) > 1 {
+	if len(c.Nodes) == 1 {
+		// Its range is all of PodCIDR (conflist written above); the
+		// wait makes spec.podCIDRs known before steelyard starts.
+		if err := first.waitPodCIDR(ctx); err != nil {
+			return err
+		}
+	} else {
 		// A Node is NotReady until its CNI configuration exists, which
 		// needs the pod range node IPAM gives it once registered.
 		for _, n := range c.Nodes {

@@ -80,23 +80,25 @@ func freePort() (int, error) {
 }
 
 // startControllers starts kube-controller-manager and kube-scheduler in
-// the root namespace, as the admin, serving only on 127.0.0.1. A
-// multi-node cluster also runs node IPAM: each Node gets a /24 of PodCIDR
-// in spec.podCIDRs, which its CNI configuration then uses.
+// the root namespace, as the admin, serving only on 127.0.0.1. It runs
+// node IPAM, as clusters do: each Node gets its pod range in
+// spec.podCIDRs (a /24 of PodCIDR with several nodes, which their CNI
+// configuration then uses; the one node all of PodCIDR), which steelyard's
+// --detect-local-mode=NodeCIDR reads.
 func (c *Cluster) startControllers() error {
 	kcmPort, err := freePort()
 	if err != nil {
 		return err
 	}
-	extra := c.opts.ExtraControllers
-	ipam := []string{"--allocate-node-cidrs=false"}
+	extra := append(append([]string(nil), c.opts.ExtraControllers...), NodeIPAMController)
+	mask := PodCIDR.Bits()
 	if len(c.Nodes) > 1 {
-		extra = append(append([]string(nil), extra...), NodeIPAMController)
-		ipam = []string{
-			"--allocate-node-cidrs=true",
-			"--cluster-cidr=" + PodCIDR.String(),
-			"--node-cidr-mask-size=" + strconv.Itoa(NodeCIDRMaskSize),
-		}
+		mask = NodeCIDRMaskSize
+	}
+	ipam := []string{
+		"--allocate-node-cidrs=true",
+		"--cluster-cidr=" + PodCIDR.String(),
+		"--node-cidr-mask-size=" + strconv.Itoa(mask),
 	}
 	kcm, err := controlplane.StartComponent("kube-controller-manager", c.Binaries.KubeControllerManager, append([]string{
 		"--kubeconfig=" + c.CP.Kubeconfig,

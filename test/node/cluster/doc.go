@@ -49,7 +49,8 @@
 // of its own (lan.go: a bridge there, nodes at 198.19.0.1-N, which stay
 // the InternalIPs; the egress proxy dials from there). kube-controller-
 // manager runs node IPAM (--allocate-node-cidrs, --cluster-cidr PodCIDR,
-// a /24 per node); the harness writes each node's conflist once its Node
+// a /24 per node; a one-node cluster's node gets all of PodCIDR, so that
+// steelyard finds its pod range there too); the harness writes each node's conflist once its Node
 // has spec.podCIDRs, and routes every node's range via its LAN address on
 // the other nodes, as a routed CNI setup would. kubelet labels the nodes
 // topology.kubernetes.io/zone zone-a, zone-b, zone-c (round robin).

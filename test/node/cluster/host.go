@@ -15,7 +15,10 @@ import (
 )
 
 // cgroupHierarchies returns the mount points of every cgroup hierarchy
-// (v1 controllers and the v2 one of a hybrid layout).
+// (v1 controllers and the v2 one of a hybrid layout), the first mount of
+// each: another suite may mount a hierarchy again elsewhere (the eBPF
+// tests mount cgroup2 under /tmp), and that second mount is no hierarchy
+// of its own.
 func cgroupHierarchies() ([]string, error) {
 	f, err := os.Open("/proc/self/mounts")
 	if err != nil {
@@ -23,10 +26,21 @@ func cgroupHierarchies() ([]string, error) {
 	}
 	defer f.Close()
 	var dirs []string
+	seen := map[string]bool{}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
-		if len(fields) >= 3 && (fields[2] == "cgroup" || fields[2] == "cgroup2") {
+		if len(fields) >= 4 && (fields[2] == "cgroup" || fields[2] == "cgroup2") {
+			// The type and options name the hierarchy (v1: its
+			// controllers; v2: there is one).
+			key := fields[2] + " " + fields[3]
+			if fields[2] == "cgroup2" {
+				key = fields[2]
+			}
+			if seen[key] {
+				continue
+			}
+			seen[key] = true
 			dirs = append(dirs, fields[1])
 		}
 	}

@@ -15,21 +15,14 @@ import (
 // Install does what the README's "Try it on a real node" says: apply
 // each of dirs (manifests/, and further folders such as manifests/ingress/),
 // give the agent the API server's address (the kubernetes Service's VIP
-// needs steelyard itself), set the pod CIDR and the extra keys of config
-// (steelyard-config, for example MODE), apply each dir's documented
+// needs steelyard itself), set the extra keys of config (steelyard-config,
+// for example MODE; no CLUSTER_CIDR: the agent reads each node's pod range,
+// --detect-local-mode=NodeCIDR), apply each dir's documented
 // DaemonSet patches (dir/patch/*.json, such as manifests/ingress/patch/
 // ingress-on.json: --ingress and nginx's capabilities), append agentArgs
 // to the agent's arguments, roll the DaemonSet
 // and wait for it.
 func (c *Cluster) Install(ctx context.Context, dirs []string, config map[string]string, agentArgs ...string) error {
-	data := map[string]string{"CLUSTER_CIDR": PodCIDR.String()}
-	for k, v := range config {
-		data[k] = v
-	}
-	patch, err := json.Marshal(map[string]map[string]string{"data": data})
-	if err != nil {
-		return err
-	}
 	var steps [][]string
 	for _, d := range dirs {
 		steps = append(steps, []string{"apply", "-f", d})
@@ -38,8 +31,14 @@ func (c *Cluster) Install(ctx context.Context, dirs []string, config map[string]
 		[]string{"-n", "steelyard", "create", "configmap", "steelyard-apiserver",
 			"--from-literal=KUBERNETES_SERVICE_HOST=" + c.NodeIP.String(),
 			fmt.Sprintf("--from-literal=KUBERNETES_SERVICE_PORT=%d", c.APIPort)},
-		[]string{"-n", "steelyard", "patch", "configmap", "steelyard-config", "--type=merge", "-p", string(patch)},
 	)
+	if len(config) > 0 {
+		patch, err := json.Marshal(map[string]map[string]string{"data": config})
+		if err != nil {
+			return err
+		}
+		steps = append(steps, []string{"-n", "steelyard", "patch", "configmap", "steelyard-config", "--type=merge", "-p", string(patch)})
+	}
 	for _, d := range dirs {
 		patches, _ := filepath.Glob(filepath.Join(d, "patch", "*.json"))
 		for _, p := range patches {
