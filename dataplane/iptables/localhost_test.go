@@ -37,6 +37,11 @@ func (f *fakeAcct) Get(name string) (nfacct.Counter, error) {
 	return c, nil
 }
 
+func (f *fakeAcct) Delete(name string) error {
+	delete(f.objs, name)
+	return nil
+}
+
 // localhostSync programs s with parityCfg plus cfg's localhost settings
 // into a fake kernel; views must still agree with the desired state.
 func localhostSync(t *testing.T, s dataplane.State, on bool, acct nfacct.Interface, family int) (*Fake, *Ruleset) {

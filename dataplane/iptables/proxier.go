@@ -199,6 +199,10 @@ func (p *Proxier) sync(s dataplane.State, req dataplane.SyncRequest) error {
 		p.LastSync = stats
 		return nil
 	}
+	if err := p.ensureEndpointCounters(write[TableNAT]); err != nil {
+		p.applied = nil
+		return err
+	}
 	data := restoreText(desired, write, remove)
 	stats.RestoreBytes = len(data)
 	restoreStart := time.Now()
@@ -208,6 +212,9 @@ func (p *Proxier) sync(s dataplane.State, req dataplane.SyncRequest) error {
 		return err
 	}
 	stats.Restore = time.Since(restoreStart)
+	if p.cfg.counting() {
+		p.deleteEndpointCounters(remove[TableNAT])
+	}
 	p.applied = desired
 	p.LastSync = stats
 	return nil
@@ -348,6 +355,7 @@ func (p *Proxier) Cleanup() error {
 	if err := p.ipt.Restore(restoreText(newRules(), nil, remove)); err != nil {
 		return err
 	}
+	p.deleteEndpointCounters(remove[TableNAT])
 	log.WithField("chains", n).Info("removed steelyard chains")
 	return nil
 }

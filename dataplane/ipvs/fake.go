@@ -133,7 +133,7 @@ func (f *Fake) AddRealServer(v VirtualServer, r RealServer) error {
 	if r.Weight < 0 {
 		return fmt.Errorf("add destination %s to %s: weight %d: invalid argument", r.Addr(), v.Key(), r.Weight)
 	}
-	r.ActiveConn, r.InactiveConn = 0, 0
+	r.ActiveConn, r.InactiveConn, r.InConns = 0, 0, 0
 	s.dests[r.Addr()] = r
 	f.Writes++
 	f.DestWrites[destKey(v, r)]++
@@ -190,6 +190,25 @@ func (f *Fake) SetConns(vip dataplane.VIP, dest netip.AddrPort, active, inactive
 		return false
 	}
 	d.ActiveConn, d.InactiveConn = active, inactive
+	s.dests[dest] = d
+	return true
+}
+
+// Schedule adds n to the connection count of a destination (InConns), as
+// IPVS does for each connection it schedules there; it reports whether
+// the destination exists.
+func (f *Fake) Schedule(vip dataplane.VIP, dest netip.AddrPort, n uint64) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, ok := f.services[vip]
+	if !ok {
+		return false
+	}
+	d, ok := s.dests[dest]
+	if !ok {
+		return false
+	}
+	d.InConns += n
 	s.dests[dest] = d
 	return true
 }

@@ -47,6 +47,8 @@ type Interface interface {
 	Ensure(name string) error
 	// Get reads the object name; ErrNotFound when it is missing.
 	Get(name string) (Counter, error)
+	// Delete removes the object name; a missing one is not an error.
+	Delete(name string) error
 }
 
 // Kernel talks to nfnetlink_acct in the caller's network namespace.
