@@ -3,14 +3,12 @@
 package e2e
 
 import (
-	"encoding/json"
-	"math"
-	"net/netip"
 	"testing"
 	"time"
 
 	"github.com/steelyard-net/steelyard/dataplane"
 	"github.com/steelyard-net/steelyard/test/sandbox"
+	"github.com/steelyard-net/steelyard/test/viewcheck"
 )
 
 // caseObservedShares proves the kernel's count of new connections per
@@ -50,7 +48,11 @@ func caseObservedShares(t *testing.T, m dpMode) {
 	}
 	t.Logf("explain --observed (%s):\n%s", m.name, text)
 	got := f.observed("198.18.0.10", 80)
-	checkObserved(t, got, r, map[string]float64{"web-1": 10, "web-2": 90})
+	names := map[string]string{}
+	for _, p := range webService.endpoints {
+		names[p.ip] = p.name
+	}
+	viewcheck.ExpectObserved(t, got, r, names, map[string]float64{"web-1": 10, "web-2": 90}, 1)
 
 	// Another Service comes: the table is synced, web's counters stay.
 	f.write("services.yaml", webService, quadService)
@@ -63,35 +65,6 @@ func caseObservedShares(t *testing.T, m dpMode) {
 	}
 }
 
-// checkObserved compares an observed view with the client's counts: each
-// endpoint's count equal to what the client got from that pod, its share
-// within 1 point of the configured one, and the binomial check at noise.
-func checkObserved(t *testing.T, got dataplane.ObservedView, r sandbox.Result, want map[string]float64) {
-	t.Helper()
-	byIP := map[string]string{}
-	for _, p := range webService.endpoints {
-		byIP[p.ip] = p.name
-	}
-	if got.Total != uint64(r.OK()) {
-		t.Errorf("kernel counted %d new connections, the client made %d", got.Total, r.OK())
-	}
-	if got.Verdict != dataplane.VerdictNoise {
-		t.Errorf("verdict %q, want %q: %+v", got.Verdict, dataplane.VerdictNoise, got)
-	}
-	for _, b := range got.Backends {
-		name := byIP[b.IP]
-		if b.Count != uint64(r.Counts[name]) {
-			t.Errorf("%s (%s): kernel counted %d, the client got %d answers from it", b.IP, name, b.Count, r.Counts[name])
-		}
-		if b.Configured != want[name] {
-			t.Errorf("%s: configured %.3f%%, want %.0f%%", b.IP, b.Configured, want[name])
-		}
-		if math.Abs(b.Observed-want[name]) > 1 {
-			t.Errorf("%s: observed %.3f%%, want %.0f%% within 1 point", b.IP, b.Observed, want[name])
-		}
-	}
-}
-
 // observed returns the observed view of one clusterIP from `explain
 // --observed -o json`.
 func (f *fixture) observed(vip string, port uint16) dataplane.ObservedView {
@@ -100,15 +73,5 @@ func (f *fixture) observed(vip string, port uint16) dataplane.ObservedView {
 	if err != nil {
 		f.t.Fatalf("explain --observed: %v\n%s", err, out)
 	}
-	var views []dataplane.ObservedView
-	if err := json.Unmarshal([]byte(out), &views); err != nil {
-		f.t.Fatalf("explain --observed -o json: %v\n%s", err, out)
-	}
-	for _, v := range views {
-		if v.VIP == vip && v.Port == port {
-			return v
-		}
-	}
-	f.t.Fatalf("explain --observed has no %s:\n%s", netip.AddrPortFrom(netip.MustParseAddr(vip), port), out)
-	return dataplane.ObservedView{}
+	return viewcheck.FindObserved(f.t, out, vip, port)
 }
