@@ -32,7 +32,7 @@ func TestObserveVerdicts(t *testing.T) {
 		z       float64
 	}{
 		{"exact", 2000, 18000, VerdictNoise, 0},
-		{"3.5 sigma", 2149, 17851, VerdictNoise, 3.51},  // (2149-2000)/42.43
+		{"3.5 sigma", 2149, 17851, VerdictNoise, 3.51},   // (2149-2000)/42.43
 		{"4.5 sigma", 2191, 17809, VerdictDiverges, 4.5}, // (2191-2000)/42.43
 		{"stale rule: 50/50", 10000, 10000, VerdictDiverges, 188.56},
 		{"none", 0, 0, VerdictNoData, 0},

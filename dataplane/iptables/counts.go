@@ -1,13 +1,11 @@
 package iptables
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
 
 	"github.com/steelyard-net/steelyard/dataplane"
-	"github.com/steelyard-net/steelyard/dataplane/nfacct"
 )
 
 // Counting new connections per endpoint (issue 23). The DNAT rule of each
@@ -69,7 +67,7 @@ func (p *Proxier) deleteEndpointCounters(chains []Chain) {
 }
 
 // Counts implements dataplane.Dataplane: the counter of each endpoint
-// chain's DNAT rule, read from the live rules and nfacct. Rules without a
+// chain's DNAT rule, read from the live rules and one nfacct dump. Rules without a
 // counter (counting off) give no count.
 func (p *Proxier) Counts() ([]dataplane.EndpointCount, error) {
 	saved, err := p.ipt.SaveAll()
@@ -84,6 +82,17 @@ func (p *Proxier) Counts() ([]dataplane.EndpointCount, error) {
 	if nat == nil {
 		return nil, nil
 	}
+	if p.cfg.NFAcct == nil {
+		return nil, nil
+	}
+	objs, err := p.cfg.NFAcct.List()
+	if err != nil {
+		return nil, err
+	}
+	packets := make(map[string]uint64, len(objs))
+	for _, o := range objs {
+		packets[o.Name] = o.Packets
+	}
 	var out []dataplane.EndpointCount
 	for _, c := range nat.Order {
 		if !strings.HasPrefix(string(c), sepPrefix) {
@@ -97,14 +106,11 @@ func (p *Proxier) Counts() ([]dataplane.EndpointCount, error) {
 			if err != nil {
 				return nil, fmt.Errorf("chain %s: DNAT to %q: %w", c, r.TargetArgs["--to-destination"], err)
 			}
-			n, err := p.cfg.NFAcct.Get(r.NFAcct)
-			if errors.Is(err, nfacct.ErrNotFound) {
-				continue // removed between the save and now
+			n, ok := packets[r.NFAcct]
+			if !ok {
+				continue // removed between the save and the list
 			}
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, dataplane.EndpointCount{Service: r.Comment, Protocol: dataplane.Protocol(strings.ToUpper(r.Protocol)), Endpoint: ep, NewConnections: n.Packets})
+			out = append(out, dataplane.EndpointCount{Service: r.Comment, Protocol: dataplane.Protocol(strings.ToUpper(r.Protocol)), Endpoint: ep, NewConnections: n})
 		}
 	}
 	return dataplane.MergeCounts(out), nil

@@ -37,6 +37,14 @@ func (f *fakeAcct) Get(name string) (nfacct.Counter, error) {
 	return c, nil
 }
 
+func (f *fakeAcct) List() ([]nfacct.Counter, error) {
+	out := make([]nfacct.Counter, 0, len(f.objs))
+	for _, c := range f.objs {
+		out = append(out, c)
+	}
+	return out, nil
+}
+
 func (f *fakeAcct) Delete(name string) error {
 	delete(f.objs, name)
 	return nil
