@@ -70,13 +70,9 @@ func (p *Proxier) deleteEndpointCounters(chains []Chain) {
 // chain's DNAT rule, read from the live rules and one nfacct dump. Rules without a
 // counter (counting off) give no count.
 func (p *Proxier) Counts() ([]dataplane.EndpointCount, error) {
-	saved, err := p.ipt.SaveAll()
+	rs, err := p.liveRuleset()
 	if err != nil {
 		return nil, err
-	}
-	rs, err := ParseRuleset(saved)
-	if err != nil {
-		return nil, fmt.Errorf("parse iptables-save: %w", err)
 	}
 	nat := rs.Tables[TableNAT]
 	if nat == nil {

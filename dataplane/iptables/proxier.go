@@ -298,6 +298,15 @@ func (p *Proxier) ensureJumps(live *liveChains) error {
 
 // Explain reads the live kernel and returns what each VIP does.
 func (p *Proxier) Explain() ([]dataplane.ServiceView, error) {
+	rs, err := p.liveRuleset()
+	if err != nil {
+		return nil, err
+	}
+	return Views(rs)
+}
+
+// liveRuleset reads and parses the live ruleset.
+func (p *Proxier) liveRuleset() (*Ruleset, error) {
 	saved, err := p.ipt.SaveAll()
 	if err != nil {
 		return nil, err
@@ -306,7 +315,7 @@ func (p *Proxier) Explain() ([]dataplane.ServiceView, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parse iptables-save: %w", err)
 	}
-	return Views(rs)
+	return rs, nil
 }
 
 // Cleanup removes the jumps from built-in chains and every STEELYARD- chain,

@@ -179,25 +179,18 @@ func (f *Fake) DeleteRealServer(v VirtualServer, r RealServer) error {
 // SetConns sets the live connection counters of a destination, as traffic
 // would; it reports whether the destination exists.
 func (f *Fake) SetConns(vip dataplane.VIP, dest netip.AddrPort, active, inactive int) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, ok := f.services[vip]
-	if !ok {
-		return false
-	}
-	d, ok := s.dests[dest]
-	if !ok {
-		return false
-	}
-	d.ActiveConn, d.InactiveConn = active, inactive
-	s.dests[dest] = d
-	return true
+	return f.updateDest(vip, dest, func(d *RealServer) { d.ActiveConn, d.InactiveConn = active, inactive })
 }
 
 // Schedule adds n to the connection count of a destination (InConns), as
 // IPVS does for each connection it schedules there; it reports whether
 // the destination exists.
 func (f *Fake) Schedule(vip dataplane.VIP, dest netip.AddrPort, n uint64) bool {
+	return f.updateDest(vip, dest, func(d *RealServer) { d.InConns += n })
+}
+
+// updateDest changes a destination's counters in place.
+func (f *Fake) updateDest(vip dataplane.VIP, dest netip.AddrPort, change func(*RealServer)) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s, ok := f.services[vip]
@@ -208,7 +201,7 @@ func (f *Fake) Schedule(vip dataplane.VIP, dest netip.AddrPort, n uint64) bool {
 	if !ok {
 		return false
 	}
-	d.InConns += n
+	change(&d)
 	s.dests[dest] = d
 	return true
 }
