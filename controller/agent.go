@@ -395,6 +395,9 @@ func (a *Agent) observe(state dataplane.State, drained Drained, full bool, start
 	m.ProgrammedServices.Set(float64(len(state.Services)))
 	m.ProgrammedEndpoints.Set(float64(endpoints))
 	m.InvalidAnnotations.Set(float64(bad))
+	if m.endpoints != nil {
+		m.endpoints.setState(state)
+	}
 }
 
 // Event reasons.

@@ -149,3 +149,5 @@ func waitForStore(t *testing.T, src *ClusterSource, k objectKey, mark string, de
 	}
 	t.Fatalf("the store never showed %v at step %s", k, mark)
 }
+
+func (d *syncLog) Counts() ([]dataplane.EndpointCount, error) { return nil, nil }

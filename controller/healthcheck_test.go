@@ -94,3 +94,5 @@ func TestHealthCheckNodePorts(t *testing.T) {
 		t.Errorf("%d syncs reached the dataplane, want 3", inner.syncs)
 	}
 }
+
+func (d *nopDataplane) Counts() ([]dataplane.EndpointCount, error) { return nil, nil }

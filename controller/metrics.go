@@ -28,6 +28,9 @@ type Metrics struct {
 	ProgrammedServices  prometheus.Gauge
 	ProgrammedEndpoints prometheus.Gauge
 	InvalidAnnotations  prometheus.Gauge
+
+	// endpoints, when WatchEndpoints was called, gets each synced State.
+	endpoints *endpointCollector
 }
 
 // syncBuckets spans 1 ms to about 16 s, like kube-proxy's.

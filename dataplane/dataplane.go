@@ -27,6 +27,9 @@ type Dataplane interface {
 	Sync(s State, req SyncRequest) (SyncResult, error)
 	// Explain reads only the live kernel and returns what each VIP does.
 	Explain() ([]ServiceView, error)
+	// Counts reads the kernel's count of new connections per endpoint
+	// (EndpointCount); none where counting is off (Config of each mode).
+	Counts() ([]EndpointCount, error)
 	// Cleanup removes everything steelyard created and nothing else.
 	Cleanup() error
 }

@@ -81,6 +81,19 @@ func (d *DualStack) Explain() ([]ServiceView, error) {
 	return ExplainFamilies(d.v4, d.v6)
 }
 
+// Counts implements Dataplane: the counts of both families.
+func (d *DualStack) Counts() ([]EndpointCount, error) {
+	c4, err := d.v4.Counts()
+	if err != nil || d.v6 == nil {
+		return MergeCounts(c4), err
+	}
+	c6, err := d.v6.Counts()
+	if err != nil {
+		return nil, fmt.Errorf("IPv6: %w", err)
+	}
+	return MergeCounts(c4, c6), nil
+}
+
 // Cleanup implements Dataplane: IPv6 first, then IPv4, whose dataplane
 // also removes what the families share (the IPVS dummy interface).
 func (d *DualStack) Cleanup() error {

@@ -134,3 +134,5 @@ func TestParseMasquerade(t *testing.T) {
 		}
 	}
 }
+
+func (f *familyFake) Counts() ([]EndpointCount, error) { return nil, nil }

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"net/netip"
+	"time"
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
@@ -14,17 +15,25 @@ import (
 
 func newExplainCommand() *cobra.Command {
 	var (
-		dp     dataplaneFlags
-		output string
+		dp       dataplaneFlags
+		output   string
+		observed bool
+		since    time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "explain",
 		Short: "Show, from the live kernel, which backends each VIP reaches and with what share",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if since < 0 || (since > 0 && !observed) {
+				return fmt.Errorf("--since %s: want a positive duration, with --observed", since)
+			}
 			d, err := dp.open(nil)
 			if err != nil {
 				return err
+			}
+			if observed {
+				return explainObserved(cmd, d, since, output)
 			}
 			views, err := d.Explain()
 			if err != nil {
@@ -35,6 +44,8 @@ func newExplainCommand() *cobra.Command {
 	}
 	dp.register(cmd, false)
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "output format: text or json")
+	cmd.Flags().BoolVar(&observed, "observed", false, "print each clusterIP's configured shares beside the new connections the kernel counted per endpoint (the agent runs with --count-connections; IPVS always counts), with a binomial check")
+	cmd.Flags().DurationVar(&since, "since", 0, "with --observed: count only the connections of the next DURATION (two reads of the counters), instead of all since each counter began")
 	return cmd
 }
 
@@ -136,4 +147,34 @@ func newCleanupCommand() *cobra.Command {
 	}
 	dp.register(cmd, false)
 	return cmd
+}
+
+// explainObserved prints configured against observed shares: all counted
+// connections, or with since those counted between two reads that far
+// apart.
+func explainObserved(cmd *cobra.Command, d dataplane.Dataplane, since time.Duration, output string) error {
+	counts, err := d.Counts()
+	if err != nil {
+		return err
+	}
+	if since > 0 {
+		select {
+		case <-time.After(since):
+		case <-cmd.Context().Done():
+			return cmd.Context().Err()
+		}
+		now, err := d.Counts()
+		if err != nil {
+			return err
+		}
+		counts = dataplane.SubtractCounts(now, counts)
+	}
+	views, err := d.Explain()
+	if err != nil {
+		return err
+	}
+	if len(counts) == 0 && output != "json" {
+		fmt.Fprintln(cmd.ErrOrStderr(), "no counters in the kernel: is the agent run with --count-connections?")
+	}
+	return dataplane.WriteObserved(cmd.OutOrStdout(), dataplane.Observe(views, counts), output)
 }

@@ -130,10 +130,10 @@ func openIPTablesMode(f *dataplaneFlags, env modeEnv) (*dataplane.DualStack, err
 		return nil, err
 	}
 	log.WithField("iptables", mode).Debug("using iptables")
-	cfg := iptables.Config{Masquerade: env.masquerade, NodeAddresses: env.nodeAddresses, LocalhostNodePorts: f.localhostNodePorts}
-	if f.localhostNodePorts {
-		cfg.NFAcct = nfacct.Kernel{}
-	}
+	// nfacct counts localhost node ports and, with --count-connections,
+	// endpoints; Counts reads it whatever the flags.
+	cfg := iptables.Config{Masquerade: env.masquerade, NodeAddresses: env.nodeAddresses, LocalhostNodePorts: f.localhostNodePorts,
+		NFAcct: nfacct.Kernel{}, CountConnections: f.countConnections}
 	ipt6 := ip6tablesWorks(mode, "iptables mode")
 	if ipt6 == nil {
 		return iptables.NewDualStack(ipt, nil, cfg), nil
@@ -167,7 +167,7 @@ func cleanupIPTablesMode(f *dataplaneFlags) error {
 				ipt6 = i6 // else no IPv6 tables: nothing of ours there
 			}
 		}
-		if err := iptables.NewDualStack(ipt, ipt6, iptables.Config{}).Cleanup(); err != nil {
+		if err := iptables.NewDualStack(ipt, ipt6, iptables.Config{NFAcct: nfacct.Kernel{}}).Cleanup(); err != nil {
 			return fmt.Errorf("cleanup (%s): %w", m, err)
 		}
 	}
@@ -207,7 +207,8 @@ func cleanupIPVSMode(f *dataplaneFlags) error {
 }
 
 func openNFTablesMode(f *dataplaneFlags, env modeEnv) (*dataplane.DualStack, error) {
-	return nftables.NewDualStackKernel(nftables.Config{Masquerade: env.masquerade, NodeAddresses: env.nodeAddresses, LocalhostNodePorts: f.localhostNodePorts})
+	return nftables.NewDualStackKernel(nftables.Config{Masquerade: env.masquerade, NodeAddresses: env.nodeAddresses, LocalhostNodePorts: f.localhostNodePorts,
+		CountConnections: f.countConnections})
 }
 
 func cleanupNFTablesMode(*dataplaneFlags) error {

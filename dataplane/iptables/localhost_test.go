@@ -37,6 +37,19 @@ func (f *fakeAcct) Get(name string) (nfacct.Counter, error) {
 	return c, nil
 }
 
+func (f *fakeAcct) List() ([]nfacct.Counter, error) {
+	out := make([]nfacct.Counter, 0, len(f.objs))
+	for _, c := range f.objs {
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+func (f *fakeAcct) Delete(name string) error {
+	delete(f.objs, name)
+	return nil
+}
+
 // localhostSync programs s with parityCfg plus cfg's localhost settings
 // into a fake kernel; views must still agree with the desired state.
 func localhostSync(t *testing.T, s dataplane.State, on bool, acct nfacct.Interface, family int) (*Fake, *Ruleset) {

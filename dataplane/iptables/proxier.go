@@ -199,6 +199,10 @@ func (p *Proxier) sync(s dataplane.State, req dataplane.SyncRequest) error {
 		p.LastSync = stats
 		return nil
 	}
+	if err := p.ensureEndpointCounters(write[TableNAT]); err != nil {
+		p.applied = nil
+		return err
+	}
 	data := restoreText(desired, write, remove)
 	stats.RestoreBytes = len(data)
 	restoreStart := time.Now()
@@ -208,6 +212,9 @@ func (p *Proxier) sync(s dataplane.State, req dataplane.SyncRequest) error {
 		return err
 	}
 	stats.Restore = time.Since(restoreStart)
+	if p.cfg.counting() {
+		p.deleteEndpointCounters(remove[TableNAT])
+	}
 	p.applied = desired
 	p.LastSync = stats
 	return nil
@@ -291,6 +298,15 @@ func (p *Proxier) ensureJumps(live *liveChains) error {
 
 // Explain reads the live kernel and returns what each VIP does.
 func (p *Proxier) Explain() ([]dataplane.ServiceView, error) {
+	rs, err := p.liveRuleset()
+	if err != nil {
+		return nil, err
+	}
+	return Views(rs)
+}
+
+// liveRuleset reads and parses the live ruleset.
+func (p *Proxier) liveRuleset() (*Ruleset, error) {
 	saved, err := p.ipt.SaveAll()
 	if err != nil {
 		return nil, err
@@ -299,7 +315,7 @@ func (p *Proxier) Explain() ([]dataplane.ServiceView, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parse iptables-save: %w", err)
 	}
-	return Views(rs)
+	return rs, nil
 }
 
 // Cleanup removes the jumps from built-in chains and every STEELYARD- chain,
@@ -348,6 +364,7 @@ func (p *Proxier) Cleanup() error {
 	if err := p.ipt.Restore(restoreText(newRules(), nil, remove)); err != nil {
 		return err
 	}
+	p.deleteEndpointCounters(remove[TableNAT])
 	log.WithField("chains", n).Info("removed steelyard chains")
 	return nil
 }

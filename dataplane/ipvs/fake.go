@@ -133,7 +133,7 @@ func (f *Fake) AddRealServer(v VirtualServer, r RealServer) error {
 	if r.Weight < 0 {
 		return fmt.Errorf("add destination %s to %s: weight %d: invalid argument", r.Addr(), v.Key(), r.Weight)
 	}
-	r.ActiveConn, r.InactiveConn = 0, 0
+	r.ActiveConn, r.InactiveConn, r.InConns = 0, 0, 0
 	s.dests[r.Addr()] = r
 	f.Writes++
 	f.DestWrites[destKey(v, r)]++
@@ -179,6 +179,18 @@ func (f *Fake) DeleteRealServer(v VirtualServer, r RealServer) error {
 // SetConns sets the live connection counters of a destination, as traffic
 // would; it reports whether the destination exists.
 func (f *Fake) SetConns(vip dataplane.VIP, dest netip.AddrPort, active, inactive int) bool {
+	return f.updateDest(vip, dest, func(d *RealServer) { d.ActiveConn, d.InactiveConn = active, inactive })
+}
+
+// Schedule adds n to the connection count of a destination (InConns), as
+// IPVS does for each connection it schedules there; it reports whether
+// the destination exists.
+func (f *Fake) Schedule(vip dataplane.VIP, dest netip.AddrPort, n uint64) bool {
+	return f.updateDest(vip, dest, func(d *RealServer) { d.InConns += n })
+}
+
+// updateDest changes a destination's counters in place.
+func (f *Fake) updateDest(vip dataplane.VIP, dest netip.AddrPort, change func(*RealServer)) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s, ok := f.services[vip]
@@ -189,7 +201,7 @@ func (f *Fake) SetConns(vip dataplane.VIP, dest netip.AddrPort, active, inactive
 	if !ok {
 		return false
 	}
-	d.ActiveConn, d.InactiveConn = active, inactive
+	change(&d)
 	s.dests[dest] = d
 	return true
 }

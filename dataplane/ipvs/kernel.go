@@ -45,6 +45,11 @@ type RealServer struct {
 	// read, never written.
 	ActiveConn   int
 	InactiveConn int
+	// InConns is the kernel's count of connections scheduled to this
+	// destination since it was added (ipvsadm's InConns, the "conns"
+	// statistic): a weight change keeps it, a delete and add resets it.
+	// IPVS copies its statistics every 2 s, so it lags that much.
+	InConns uint64
 }
 
 // Addr returns the destination's IP:port.
@@ -197,7 +202,7 @@ func (k *kernelIPVS) RealServers(v VirtualServer) ([]RealServer, error) {
 	out := make([]RealServer, 0, len(ds))
 	for _, d := range ds {
 		out = append(out, RealServer{Address: fromIP(d.Address), Port: d.Port, Weight: d.Weight,
-			ActiveConn: d.ActiveConnections, InactiveConn: d.InactiveConnections})
+			ActiveConn: d.ActiveConnections, InactiveConn: d.InactiveConnections, InConns: inConns(d.Stats)})
 	}
 	return out, nil
 }
@@ -337,3 +342,6 @@ func (l *kernelLinks) DeleteDummy(name string) error {
 	}
 	return nil
 }
+
+// inConns reads the connection count of a destination's statistics.
+func inConns(s mobyipvs.DstStats) uint64 { return uint64(s.Connections) }

@@ -47,6 +47,10 @@ type Interface interface {
 	Ensure(name string) error
 	// Get reads the object name; ErrNotFound when it is missing.
 	Get(name string) (Counter, error)
+	// Delete removes the object name; a missing one is not an error.
+	Delete(name string) error
+	// List reads every object of the network namespace in one dump.
+	List() ([]Counter, error)
 }
 
 // Kernel talks to nfnetlink_acct in the caller's network namespace.
@@ -103,6 +107,26 @@ func (Kernel) Get(name string) (Counter, error) {
 		}
 	}
 	return Counter{}, ErrNotFound
+}
+
+// List implements Interface: one NFNL_MSG_ACCT_GET dump (at 100,000
+// endpoint counters one request, not 100,000).
+func (Kernel) List() ([]Counter, error) {
+	req := nl.NewNetlinkRequest(subsysAcct<<8|msgGet, unix.NLM_F_REQUEST|unix.NLM_F_DUMP)
+	req.AddData(&nl.Nfgenmsg{NfgenFamily: unix.AF_UNSPEC, Version: nl.NFNETLINK_V0})
+	msgs, err := req.Execute(unix.NETLINK_NETFILTER, 0)
+	if err != nil {
+		return nil, fmt.Errorf("nfacct: list: %w", err)
+	}
+	out := make([]Counter, 0, len(msgs))
+	for _, m := range msgs {
+		c, err := Decode(m)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, nil
 }
 
 // Delete removes the object name; a missing object is not an error, one

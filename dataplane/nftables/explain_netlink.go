@@ -91,6 +91,10 @@ type nlElem struct {
 	verdict     []byte // NFTA_DATA_VERDICT content
 	flags       uint32
 	comment     string
+	// packets is the element's counter (a set with "counter"; counts.go),
+	// counted tells it has one.
+	packets uint64
+	counted bool
 }
 
 // nlExpr is one expression of a rule: its name and its attributes.
@@ -403,6 +407,7 @@ func (r *nlReader) setElems(name string) ([]nlElem, error) {
 				e.flags = binary.BigEndian.Uint32(f)
 			}
 			e.comment = udataString(ea.get(unix.NFTA_SET_ELEM_USERDATA), udataSetElemComment)
+			e.packets, e.counted = elemCounter(ea)
 			out = append(out, e)
 		}
 	}

@@ -332,7 +332,7 @@ func (w *netlinkWriter) element(c *gnft.Conn, verb byte, e *knftables.Element) e
 		name = e.Set
 	}
 	var el gnft.SetElement
-	dnat := strings.HasPrefix(name, dnatPrefix+"c-") || strings.HasPrefix(name, dnatPrefix+"l-")
+	dnat := strings.HasPrefix(name, dnatPrefix+"c-") || strings.HasPrefix(name, dnatPrefix+"l-") || countedMap(name)
 	switch {
 	case dnat || strings.HasPrefix(name, wPrefix+"c-") || strings.HasPrefix(name, wPrefix+"l-"):
 		// "lo-hi . proto": numgen's value big endian, as nft stores it.

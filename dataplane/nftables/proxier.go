@@ -124,6 +124,10 @@ type Config struct {
 	// LocalhostNodePorts opens node ports on 127.0.0.0/8 to the node's own
 	// processes, IPv4 only (localhost.go); the caller sets route_localnet.
 	LocalhostNodePorts bool
+	// CountConnections counts each endpoint's new connections: the DNAT
+	// maps get a counter per element (counts.go). Ports with ClientIP
+	// affinity are not counted (their split is a verdict map).
+	CountConnections bool
 }
 
 func (c Config) mark() string {

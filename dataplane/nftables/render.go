@@ -24,7 +24,11 @@ const (
 	// affinity: "af-" + the hash of the endpoint chain.
 	wPrefix    = "w"
 	dnatPrefix = "d"
-	affPrefix  = "af-"
+	// countPrefix: "nc-"/"nl-", the DNAT maps of CountConnections, with
+	// a counter on each element (counts.go); other names than "dc-"/"dl-"
+	// since a map cannot gain a counter in place.
+	countPrefix = "n"
+	affPrefix   = "af-"
 )
 
 // Comment suffixes of the shared elements naming the external entry points.
@@ -283,6 +287,9 @@ func (p *Proxier) renderPort(sp *dataplane.ServicePort) *portObjects {
 		if !affinity {
 			wm.data = p.f.ip + " daddr . " + proto + " dport"
 			mname = dnatMapName(chain)
+			if p.cfg.CountConnections {
+				mname = countedMapName(chain)
+			}
 		}
 		for i, r := range ranges {
 			if r[1] < r[0] {
@@ -358,6 +365,17 @@ func weightMapName(chain string) string {
 // upgraded in place: a map cannot change its type under the same name.
 func dnatMapName(chain string) string {
 	return dnatPrefix + strings.TrimPrefix(weightMapName(chain), wPrefix)
+}
+
+// countedMapName is the counted DNAT map of a split chain: "nc-HASH" for
+// svc-, "nl-HASH" for svl-.
+func countedMapName(chain string) string {
+	return countPrefix + strings.TrimPrefix(weightMapName(chain), wPrefix)
+}
+
+// countedMap reports whether map m counts its elements' packets.
+func countedMap(m string) bool {
+	return strings.HasPrefix(m, countPrefix+"c-") || strings.HasPrefix(m, countPrefix+"l-")
 }
 
 // affinitySet is the set of clients recently sent to endpoint chain ep.

@@ -562,7 +562,16 @@ func (w *writer) port(tx txn, n dataplane.ServicePortName, old, o *portObjects) 
 	}
 	for _, m := range sortedKeys(o.maps) {
 		if _, ok := old.maps[m]; !ok {
-			tx.Add(&knftables.Map{Name: m, TypeOf: "numgen random mod 1 . meta l4proto : " + o.maps[m].data, Flags: []knftables.SetFlag{knftables.IntervalFlag}})
+			typeOf := "numgen random mod 1 . meta l4proto : " + o.maps[m].data
+			var mc *string
+			if countedMap(m) {
+				// knftables has no field for a set's "counter" statement:
+				// it follows the typeof. The comment names the Service
+				// port for Counts.
+				typeOf += " ; counter"
+				mc = comment
+			}
+			tx.Add(&knftables.Map{Name: m, TypeOf: typeOf, Flags: []knftables.SetFlag{knftables.IntervalFlag}, Comment: mc})
 			w.revive("map", m)
 		}
 	}
@@ -734,7 +743,7 @@ func (w *writer) repair(tx txn, applied map[dataplane.ServicePortName]*portObjec
 	}
 	w.hairpinRepair(tx, applied)
 	perPort := func(name string) bool {
-		for _, pfx := range []string{svcPrefix, svlPrefix, extPrefix, fwPrefix, epPrefix, affPrefix, wPrefix + "c-", wPrefix + "l-", dnatPrefix + "c-", dnatPrefix + "l-"} {
+		for _, pfx := range []string{svcPrefix, svlPrefix, extPrefix, fwPrefix, epPrefix, affPrefix, wPrefix + "c-", wPrefix + "l-", dnatPrefix + "c-", dnatPrefix + "l-", countPrefix + "c-", countPrefix + "l-"} {
 			if strings.HasPrefix(name, pfx) {
 				return true
 			}

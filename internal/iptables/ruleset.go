@@ -44,6 +44,9 @@ type Rule struct {
 	// Probability is the statistic match's probability; 1 without one.
 	Probability float64
 	Comment     string
+	// NFAcct is the nfacct object a -m nfacct match bumps (it always
+	// matches); "" without one.
+	NFAcct string
 	// Mark match (-m mark [!] --mark value/mask); MarkMask 0: none.
 	MarkValue, MarkMask uint32
 	NotMark             bool
@@ -283,6 +286,15 @@ func ParseRule(text string) (*Rule, error) {
 				return nil, err
 			}
 			r.Comment = v
+		case "--nfacct-name":
+			v, err := next()
+			if err != nil {
+				return nil, err
+			}
+			if neg {
+				r.Unknown = append(r.Unknown, "! "+t)
+			}
+			r.NFAcct = v
 		case "--mark":
 			v, err := next()
 			if err != nil {

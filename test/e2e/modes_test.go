@@ -61,6 +61,8 @@ var kernelCases = []kernelCase{
 	{name: "WeightZeroGetsNothing", run: caseWeightZeroGetsNothing},
 	{name: "UDPShares", run: caseUDPShares},
 	{name: "OtherOrigins", run: caseOtherOrigins},
+	// observed_test.go
+	{name: "ObservedShares", run: caseObservedShares},
 	// lifecycle_test.go
 	{name: "EstablishedConnectionSurvivesRestartAndDrain", run: caseEstablishedConnectionSurvivesRestartAndDrain},
 	{name: "RejectWithoutEndpoints", run: caseRejectWithoutEndpoints},

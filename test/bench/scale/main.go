@@ -23,6 +23,7 @@ import (
 
 	"github.com/steelyard-net/steelyard/dataplane"
 	"github.com/steelyard-net/steelyard/dataplane/iptables"
+	"github.com/steelyard-net/steelyard/dataplane/nfacct"
 	"github.com/steelyard-net/steelyard/dataplane/nftables"
 	"github.com/steelyard-net/steelyard/test/bench/scale/point"
 	"github.com/steelyard-net/steelyard/test/runinfo"
@@ -51,6 +52,7 @@ func main() {
 	rounds := flag.Int("rounds", 5, "partial syncs of each kind (the median is printed)")
 	probe := flag.Bool("probe", false, "nftables: after the partial syncs, time a commit with a verdict element and one without (the kernel's validation walk)")
 	probeOnly := flag.Bool("probe-only", false, "nftables: only -probe the table already there (left by -keep), then exit")
+	count := flag.Bool("count-connections", false, "count each endpoint's new connections (nftables: counted maps; iptables: nfacct objects) and time one read of the counts")
 	flag.Parse()
 	nftables.BatchPorts = *batch
 	if *probeOnly {
@@ -66,7 +68,7 @@ func main() {
 	var list []string
 	switch *dp {
 	case "nftables":
-		np, err := nftables.NewKernel(nftables.Config{Masquerade: dataplane.Masquerade{ClusterCIDRs: cidrs}})
+		np, err := nftables.NewKernel(nftables.Config{Masquerade: dataplane.Masquerade{ClusterCIDRs: cidrs}, CountConnections: *count})
 		if err != nil {
 			fail(err)
 		}
@@ -76,11 +78,11 @@ func main() {
 		if err != nil {
 			fail(err)
 		}
-		p, list = iptables.NewProxier(ipt, iptables.Config{Masquerade: dataplane.Masquerade{ClusterCIDRs: cidrs}}), []string{"iptables-legacy-save"}
+		p, list = iptables.NewProxier(ipt, iptables.Config{Masquerade: dataplane.Masquerade{ClusterCIDRs: cidrs}, NFAcct: nfacct.Kernel{}, CountConnections: *count}), []string{"iptables-legacy-save"}
 	default:
 		fail(fmt.Errorf("-dataplane %q: want nftables or iptables-legacy", *dp))
 	}
-	r := point.Result{Dataplane: *dp, Services: *services, Endpoints: *endpoints}
+	r := point.Result{Dataplane: *dp, Services: *services, Endpoints: *endpoints, CountConnections: *count}
 	var lastCPU float64
 	timed := func(f func() error) float64 {
 		start, c := time.Now(), cpu()
@@ -169,10 +171,21 @@ func main() {
 	phase("explain")
 	r.List = timed(func() error {
 		cmd := exec.Command(list[0], list[1:]...)
-		cmd.Stdout = nil
-		return cmd.Run()
+		out, err := cmd.Output()
+		r.RulesetBytes = len(out)
+		return err
 	})
 	r.ListCPU = lastCPU
+	if *count {
+		r.Counts = timed(func() error {
+			counts, err := p.Counts()
+			if err == nil && len(counts) < *services**endpoints {
+				err = fmt.Errorf("read %d endpoint counts, want %d", len(counts), *services**endpoints)
+			}
+			return err
+		})
+		r.CountsCPU = lastCPU
+	}
 	r.LoadAvg = runinfo.LoadAvg()
 	if err := p.Cleanup(); err != nil {
 		fail(err)

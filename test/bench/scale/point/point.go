@@ -50,6 +50,14 @@ type Result struct {
 	// "-dirty" when the tree had changes); Date is when the point was
 	// measured (RFC 3339, UTC). Points from before 2026-12-04 have
 	// neither: test/docsgen prints "commit unknown" for them.
-	Commit string `json:"commit,omitempty"`
-	Date   string `json:"date,omitempty"`
+	// CountConnections: the point ran with per-endpoint connection
+	// counting on (issue 23); Counts is then one read of every counter
+	// (what a metrics scrape costs) and its CPU, RulesetBytes the size
+	// of the listing (nft list ruleset, iptables-save) in either case.
+	CountConnections bool    `json:"count_connections,omitempty"`
+	Counts           float64 `json:"counts_s,omitempty"`
+	CountsCPU        float64 `json:"counts_cpu_s,omitempty"`
+	RulesetBytes     int     `json:"ruleset_bytes,omitempty"`
+	Commit           string  `json:"commit,omitempty"`
+	Date             string  `json:"date,omitempty"`
 }
