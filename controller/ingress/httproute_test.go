@@ -1,6 +1,7 @@
 package ingress
 
 import (
+	"fmt"
 	"net/netip"
 	"regexp"
 	"strings"
@@ -317,5 +318,29 @@ func TestHTTPRouteTLS(t *testing.T) {
 	}
 	if len(out.Problems) != 1 || out.Problems[0].Name != "nocert" || out.Problems[0].Reason != ReasonInvalidTLS {
 		t.Errorf("problems %v", out.Problems)
+	}
+}
+
+// TestHTTPRouteRedirectCodes: 301 and 302 (core) and 303, 307, 308
+// (extended) are nginx redirects with a Location; other codes are refused.
+func TestHTTPRouteRedirectCodes(t *testing.T) {
+	for _, code := range []int{301, 302, 303, 307, 308} {
+		r := httpRoute("r", 0, nil, gwv1.HTTPRouteRule{Filters: []gwv1.HTTPRouteFilter{{Type: gwv1.HTTPRouteFilterRequestRedirect,
+			RequestRedirect: &gwv1.HTTPRequestRedirectFilter{Hostname: ptr.To(gwv1.PreciseHostname("new.example")), StatusCode: ptr.To(code)}}}})
+		if err := ValidateHTTPRoute(r); err != nil {
+			t.Errorf("%d: %v", code, err)
+			continue
+		}
+		out := Render(Input{Settings: DefaultSettings(), HTTPRoutes: []HTTPRoute{{Route: r, Attach: []HTTPAttachment{{Port: 8080}}}}}, Options{Dir: testDir})
+		if want := fmt.Sprintf(`return %d "http://new.example:8080$request_uri";`, code); !strings.Contains(out.Text, want) {
+			t.Errorf("%d: no %s in\n%s", code, want, out.Text)
+		}
+	}
+	for _, code := range []int{200, 304, 404} {
+		r := httpRoute("r", 0, nil, gwv1.HTTPRouteRule{Filters: []gwv1.HTTPRouteFilter{{Type: gwv1.HTTPRouteFilterRequestRedirect,
+			RequestRedirect: &gwv1.HTTPRequestRedirectFilter{StatusCode: ptr.To(code)}}}})
+		if ValidateHTTPRoute(r) == nil {
+			t.Errorf("%d accepted", code)
+		}
 	}
 }
