@@ -72,7 +72,8 @@ for _ in $(seq 300); do
 done
 [[ -s $state/kubeconfig ]] || { log "node not Ready after 300 s"; tail -n 40 "$state/up.log" >&2; exit 1; }
 export KUBECONFIG=$(cat "$state/kubeconfig")
-netns=$(sed -n 's/.*node netns \([^;[:space:]]*\).*/\1/p' "$state/up.log" | tail -n 1)
+# steelyard-cluster logs "node NAME: InternalIP ..., netns NS, zone ...".
+netns=$(sed -n 's/.*node [^ ]*: InternalIP .*, netns \([^,]*\), zone.*/\1/p' "$state/up.log" | head -n 1)
 dir=$(sed -n 's/.*Ready in [^ ]* (dir \([^,]*\),.*/\1/p' "$state/up.log" | tail -n 1)
 [[ -n $netns && -n $dir ]] || { log "cannot read the node's netns and dir from $state/up.log"; exit 1; }
 kubectl() { "${KUBECTL:-$HOME/.cache/steelyard/k8s-v1.37.2/kubectl}" "$@"; }
