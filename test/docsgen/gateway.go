@@ -10,6 +10,9 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
+// The features table is registered here, beside its renderer.
+func init() { renderers["gateway-conformance-features"] = renderGatewayFeatures }
+
 // gatewayReport is the part of a Gateway API ConformanceReport read here,
 // and the load average scripts/gateway-conformance/run.sh appends.
 type gatewayReport struct {

@@ -32,12 +32,11 @@ type renderer func(root, dir, file string) ([]string, error)
 
 // renderers are the region names docsgen knows.
 var renderers = map[string]renderer{
-	"bench-k8s":                    renderBenchK8s,
-	"bench-scale":                  renderBenchScale,
-	"bench-node":                   renderBenchNode,
-	"gateway-conformance":          renderGateway,
-	"gateway-conformance-features": renderGatewayFeatures,
-	"conformance":                  renderConformance,
+	"bench-k8s":           renderBenchK8s,
+	"bench-scale":         renderBenchScale,
+	"bench-node":          renderBenchNode,
+	"gateway-conformance": renderGateway,
+	"conformance":         renderConformance,
 }
 
 // link is a markdown link to the repository path p from dir.
