@@ -230,8 +230,10 @@ conformance: node-deps
 # The upstream Gateway API conformance suite (the sigs.k8s.io/gateway-api
 # release of test/gatewayconformance/go.mod) on the real node, profiles
 # GATEWAY-TCP, GATEWAY-UDP and GATEWAY-HTTP: echo-basic built from that
-# module and imported, steelyard from manifests/ with --gateway --ingress;
-# writes docs/gateway-conformance-report.yaml. Not part of `make test`.
+# module and imported, steelyard from manifests/ with --gateway --ingress,
+# the core and every implemented extended feature; MODE=iptables (default)
+# or nftables writes docs/gateway-conformance-report-MODE.yaml (commit it).
+# Not part of `make test`.
 gateway-conformance: node-deps
 	$(ROOT) env $(NODE_ENV) GO=$(GO) scripts/gateway-conformance/run.sh
 

@@ -314,7 +314,7 @@ func Diff(want, live []ServiceView) []string {
 }
 
 func sameView(a, b ServiceView) bool {
-	if a.Service != b.Service || len(a.Backends) != len(b.Backends) || a.Reject != b.Reject || a.Drop != b.Drop {
+	if !SameName(a.Service, b.Service) || len(a.Backends) != len(b.Backends) || a.Reject != b.Reject || a.Drop != b.Drop {
 		return false
 	}
 	if math.Abs(a.RejectShare-b.RejectShare) > ShareTolerance {

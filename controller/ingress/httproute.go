@@ -645,7 +645,12 @@ func (r *httpRenderer) internal(c *candidate) {
 		if redirect.StatusCode != nil {
 			code = *redirect.StatusCode
 		}
+		// Without a scheme the request's stays: https on an HTTPS
+		// listener (conformance HTTPRouteRedirectPortAndScheme).
 		scheme := "http"
+		if c.tls != "" {
+			scheme = "https"
+		}
 		port := c.port
 		if redirect.Scheme != nil {
 			scheme = *redirect.Scheme

@@ -1,6 +1,7 @@
 package ingress
 
 import (
+	"fmt"
 	"net/netip"
 	"regexp"
 	"strings"
@@ -317,5 +318,56 @@ func TestHTTPRouteTLS(t *testing.T) {
 	}
 	if len(out.Problems) != 1 || out.Problems[0].Name != "nocert" || out.Problems[0].Reason != ReasonInvalidTLS {
 		t.Errorf("problems %v", out.Problems)
+	}
+}
+
+// TestHTTPRouteRedirectCodes: 301 and 302 (core) and 303, 307, 308
+// (extended) are nginx redirects with a Location; other codes are refused.
+func TestHTTPRouteRedirectCodes(t *testing.T) {
+	for _, code := range []int{301, 302, 303, 307, 308} {
+		r := httpRoute("r", 0, nil, gwv1.HTTPRouteRule{Filters: []gwv1.HTTPRouteFilter{{Type: gwv1.HTTPRouteFilterRequestRedirect,
+			RequestRedirect: &gwv1.HTTPRequestRedirectFilter{Hostname: ptr.To(gwv1.PreciseHostname("new.example")), StatusCode: ptr.To(code)}}}})
+		if err := ValidateHTTPRoute(r); err != nil {
+			t.Errorf("%d: %v", code, err)
+			continue
+		}
+		out := Render(Input{Settings: DefaultSettings(), HTTPRoutes: []HTTPRoute{{Route: r, Attach: []HTTPAttachment{{Port: 8080}}}}}, Options{Dir: testDir})
+		if want := fmt.Sprintf(`return %d "http://new.example:8080$request_uri";`, code); !strings.Contains(out.Text, want) {
+			t.Errorf("%d: no %s in\n%s", code, want, out.Text)
+		}
+	}
+	for _, code := range []int{200, 304, 404} {
+		r := httpRoute("r", 0, nil, gwv1.HTTPRouteRule{Filters: []gwv1.HTTPRouteFilter{{Type: gwv1.HTTPRouteFilterRequestRedirect,
+			RequestRedirect: &gwv1.HTTPRequestRedirectFilter{StatusCode: ptr.To(code)}}}})
+		if ValidateHTTPRoute(r) == nil {
+			t.Errorf("%d accepted", code)
+		}
+	}
+}
+
+// TestHTTPRouteRedirectKeepsScheme: a redirect without a scheme keeps the
+// request's, https on an HTTPS listener, and then its port is the
+// listener's (443 left out); a scheme or port set wins.
+func TestHTTPRouteRedirectKeepsScheme(t *testing.T) {
+	redirect := func(path string, scheme *string, port *gwv1.PortNumber) gwv1.HTTPRouteRule {
+		return gwv1.HTTPRouteRule{Matches: []gwv1.HTTPRouteMatch{{Path: pathMatch(gwv1.PathMatchPathPrefix, path)}},
+			Filters: []gwv1.HTTPRouteFilter{{Type: gwv1.HTTPRouteFilterRequestRedirect,
+				RequestRedirect: &gwv1.HTTPRequestRedirectFilter{Hostname: ptr.To(gwv1.PreciseHostname("example.org")), Scheme: scheme, Port: port}}}}
+	}
+	r := httpRoute("r", 0, nil,
+		redirect("/nil", nil, nil), redirect("/nil-8443", nil, ptr.To(gwv1.PortNumber(8443))), redirect("/http", ptr.To("http"), nil))
+	for _, c := range []struct {
+		at   HTTPAttachment
+		want []string
+	}{
+		{HTTPAttachment{Port: 443, ListenPort: 61001, TLSSecret: "gw/cert"}, []string{`"https://example.org$request_uri"`, `"https://example.org:8443$request_uri"`, `"http://example.org$request_uri"`}},
+		{HTTPAttachment{Port: 8080, ListenPort: 61002}, []string{`"http://example.org:8080$request_uri"`, `"http://example.org:8443$request_uri"`, `"http://example.org$request_uri"`}},
+	} {
+		out := Render(Input{Settings: DefaultSettings(), HTTPRoutes: []HTTPRoute{{Route: r, Attach: []HTTPAttachment{c.at}}}}, Options{Dir: testDir})
+		for _, w := range c.want {
+			if !strings.Contains(out.Text, "return 302 "+w+";") {
+				t.Errorf("listener %d: no redirect to %s in\n%s", c.at.Port, w, out.Text)
+			}
+		}
 	}
 }

@@ -24,6 +24,9 @@ var (
 	// Header and query values: printable ASCII and spaces, without the
 	// characters above.
 	headerValueRE = regexp.MustCompile(`^[A-Za-z0-9 ._~:/?=&,+*!@()%<>|-]*$`)
+	// Redirect codes nginx's "return CODE URL" sends with a Location:
+	// 301 and 302 are core, 303, 307 and 308 extended features.
+	redirectCodes = map[int]bool{301: true, 302: true, 303: true, 307: true, 308: true}
 	methods       = map[gwv1.HTTPMethod]bool{"GET": true, "HEAD": true, "POST": true, "PUT": true, "DELETE": true, "CONNECT": true, "OPTIONS": true, "TRACE": true, "PATCH": true}
 )
 
@@ -129,8 +132,8 @@ func validRule(rule gwv1.HTTPRouteRule) error {
 					return fmt.Errorf("redirect hostname %q: want a lower-case DNS name", *rr.Hostname)
 				}
 			}
-			if rr.StatusCode != nil && *rr.StatusCode != 301 && *rr.StatusCode != 302 {
-				return fmt.Errorf("redirect statusCode %d: want 301 or 302", *rr.StatusCode)
+			if rr.StatusCode != nil && !redirectCodes[*rr.StatusCode] {
+				return fmt.Errorf("redirect statusCode %d: want 301, 302, 303, 307 or 308", *rr.StatusCode)
 			}
 			if rr.Port != nil && (*rr.Port < 1 || *rr.Port > 65535) {
 				return fmt.Errorf("redirect port %d: want 1 to 65535", *rr.Port)

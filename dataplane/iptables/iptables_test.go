@@ -608,3 +608,34 @@ func TestPartialSyncRendersOnlyTheChangedServices(t *testing.T) {
 		t.Errorf("api after the full sync: %v, want 75/25", got)
 	}
 }
+
+// A Gateway route's Service port name can exceed the comment match's 255
+// bytes, which iptables truncates without an error: explain then lost the
+// name and its entry suffix. Comments carry dataplane.ShortName of it.
+func TestLongNamesFitComments(t *testing.T) {
+	long := svcPort("gateway-conformance-infra", "udp-multi-listener-gateway",
+		"by-section-and-port/UDPRoute/gateway-conformance-infra/"+strings.Repeat("udp-echo-by-section-and-port-", 8), "198.18.0.30", 5302, dataplane.UDP,
+		be("198.19.1.2", 8080, 1), be("198.19.1.3", 8080, 3))
+	long.ExternalIPs = []netip.Addr{netip.MustParseAddr("198.18.200.3")}
+	if len(long.Name.String()) <= dataplane.XtCommentMax {
+		t.Fatalf("fixture name fits already (%d bytes)", len(long.Name.String()))
+	}
+	s := dataplane.State{Services: []dataplane.ServicePort{long}}
+	f, _ := syncAndView(t, s)
+	for _, tc := range f.Ruleset().Tables {
+		for _, c := range tc.Chains {
+			for _, r := range c.Rules {
+				if len(r.Comment) >= 255 {
+					t.Errorf("%s: comment of %d bytes: %q", c.Name, len(r.Comment), r.Comment)
+				}
+			}
+		}
+	}
+	live := mustViews(t, f)
+	if len(live) != 2 {
+		t.Errorf("explain shows %d entry points, want 2 (clusterIP, external IP)", len(live))
+	}
+	if diff := dataplane.Diff(dataplane.Expected(s), live); len(diff) > 0 {
+		t.Errorf("verify disagrees:\n%s", strings.Join(diff, "\n"))
+	}
+}

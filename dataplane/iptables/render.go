@@ -276,7 +276,7 @@ type entryMatch struct {
 }
 
 func renderService(r *fragment, sp *dataplane.ServicePort, cfg Config) {
-	name := sp.Name.String()
+	name := commentName(sp.Name)
 	proto := sp.VIP.Protocol.Lower()
 	dst := hostPrefix(sp.VIP.IP)
 	dport := strconv.Itoa(int(sp.VIP.Port))
@@ -476,7 +476,7 @@ func renderService(r *fragment, sp *dataplane.ServicePort, cfg Config) {
 // connections across bs by weight; with session affinity, a client seen
 // within the timeout first goes back to the endpoint it had.
 func renderSplit(r *fragment, chain Chain, sp *dataplane.ServicePort, bs []dataplane.Backend) {
-	name := sp.Name.String()
+	name := commentName(sp.Name)
 	if sp.AffinitySeconds > 0 {
 		for _, b := range bs {
 			sep := EndpointChain(sp.Name, sp.VIP.Protocol, b)
@@ -525,6 +525,15 @@ func fullMask(ip netip.Addr) string {
 
 func hostPrefix(ip netip.Addr) string {
 	return netip.PrefixFrom(ip, ip.BitLen()).String()
+}
+
+// commentName is a Service port's name as rule comments carry it: its
+// ShortName within XtCommentMax less the longest text around it (an IPv6
+// endpoint and its weight, "masquerade LOCAL traffic for ... external
+// destinations"), so no comment reaches the limit and iptables-restore
+// never refuses a sync for a long name.
+func commentName(n dataplane.ServicePortName) string {
+	return dataplane.ShortName(n.String(), dataplane.XtCommentMax-96)
 }
 
 func formatWeight(w float64) string {

@@ -55,6 +55,8 @@ func (m entryMeta) onDummy() bool { return m.entry != dataplane.EntryNodePort }
 // SetExternalLocal: the Service port's name, and what explain cannot read
 // from the set the member is in. No spaces: ipset restore splits on them.
 func (m entryMeta) comment(name string) string {
+	// Within ipset's limit, with room for "|loadbalancer".
+	name = dataplane.ShortName(name, dataplane.IpsetCommentMax-32)
 	switch {
 	case m.entry != dataplane.EntryClusterIP:
 		return name + "|" + m.entry

@@ -3,6 +3,7 @@ package ipvs
 import (
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/steelyard-net/steelyard/dataplane"
@@ -61,5 +62,24 @@ add OTHER 2001:2::99,tcp:1
 	}
 	if r := sourceRanges(got[SetName(6, SetSourceRanges)]); len(r) != 1 || r[dataplane.VIP{IP: netip.MustParseAddr("2001:2::20"), Port: 80, Protocol: dataplane.TCP}][0] != "2001:2:0:fd::/64" {
 		t.Errorf("IPv6 source ranges = %v", r)
+	}
+}
+
+// A member comment stays within ipset's 255 bytes for any name, keeps the
+// entry after "|", and reads back as the same Service port name.
+func TestLongNameComment(t *testing.T) {
+	name := "gateway-conformance-infra/udp-multi-listener-gateway:by-section-and-port/UDPRoute/gateway-conformance-infra/" + strings.Repeat("udp-echo-by-section-and-port-", 8)
+	for _, m := range []entryMeta{{entry: dataplane.EntryClusterIP}, {entry: dataplane.EntryClusterIP, local: true}, {entry: dataplane.EntryLoadBalancer}} {
+		c := m.comment(name)
+		if len(c) > dataplane.IpsetCommentMax || strings.ContainsAny(c, " \t") {
+			t.Errorf("comment of %d bytes (or with spaces): %q", len(c), c)
+		}
+		got, extra := parseComment(c)
+		if !dataplane.SameName(got, name) {
+			t.Errorf("comment %q reads back as %q", c, got)
+		}
+		if m.entry == dataplane.EntryLoadBalancer && extra != dataplane.EntryLoadBalancer || m.local && extra != dataplane.PolicyLocal {
+			t.Errorf("comment %q: extra %q", c, extra)
+		}
 	}
 }

@@ -14,6 +14,8 @@ import (
 	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
+
+	"github.com/steelyard-net/steelyard/dataplane"
 )
 
 // Why a second writer. nft 1.0.6 fills its cache with every chain and set
@@ -151,6 +153,9 @@ func (w *netlinkWriter) queue(c *gnft.Conn, o op) error {
 		}
 		r := &gnft.Rule{Table: w.table, Chain: &gnft.Chain{Name: x.Chain, Table: w.table}, Exprs: exprs}
 		if x.Comment != nil {
+			if err := commentFits(*x.Comment); err != nil {
+				return err
+			}
 			r.UserData = userdata.AppendString(nil, userdata.TypeComment, *x.Comment)
 		}
 		c.AddRule(r)
@@ -417,6 +422,9 @@ func (w *netlinkWriter) element(c *gnft.Conn, verb byte, e *knftables.Element) e
 		}
 	}
 	if e.Comment != nil {
+		if err := commentFits(*e.Comment); err != nil {
+			return err
+		}
 		el.Comment = *e.Comment
 	}
 	s := &gnft.Set{Table: w.table, Name: name, IsMap: isMap}
@@ -548,4 +556,13 @@ func verdictText(b []byte) (string, error) {
 		return "return", nil
 	}
 	return fmt.Sprintf("verdict %d", code), nil
+}
+
+// commentFits refuses what nft would refuse: the kernel takes comments up
+// to 256 bytes, nft only 128, and a table both write must list the same.
+func commentFits(c string) error {
+	if len(c) > dataplane.NftCommentMax {
+		return fmt.Errorf("nftables: comment of %d bytes, nft allows %d: %q", len(c), dataplane.NftCommentMax, c)
+	}
+	return nil
 }

@@ -50,6 +50,9 @@ func netlinkStates() [][]dataplane.State {
 	v6l := np(svcPort("v6-local", "2001:2::12", 53, dataplane.UDP, local(be("2001:2::1:4", 5353, 1)), be("2001:2::1:5", 5353, 3)), 30084)
 	v6l.ExternalLocal = true
 	add(v6l)
+	// A Gateway listener's name longer than nft's comment limit
+	// (conformance UDPRouteParentRefPortAndSectionName).
+	add(longRoutePort())
 	// SCTP: the same shapes with protocol 132 (no sctp module needed to
 	// load the rules; the VM suite sends real associations).
 	add(np(svcPort("k", "198.18.0.20", 2905, dataplane.SCTP, be("198.19.1.22", 2905, 10), be("198.19.1.23", 2905, 90)), 30085))
@@ -314,7 +317,7 @@ func splitRulesOverNetlink(t *testing.T, p *Proxier, list func() string) {
 			}
 			tx.Flush(&knftables.Chain{Name: c})
 			for _, r := range o.chains[c] {
-				tx.Add(&knftables.Rule{Chain: c, Rule: r, Comment: knftables.PtrTo(name.String())})
+				tx.Add(&knftables.Rule{Chain: c, Rule: r, Comment: knftables.PtrTo(commentOf(name, ""))})
 			}
 			n++
 		}

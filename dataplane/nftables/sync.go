@@ -542,7 +542,7 @@ func (w *writer) port(tx txn, n dataplane.ServicePortName, old, o *portObjects) 
 	if o == nil {
 		o = &portObjects{chains: map[string][]string{}, maps: map[string]*weightMap{}, sets: map[string]int{}}
 	}
-	comment := knftables.PtrTo(n.String())
+	comment := knftables.PtrTo(commentOf(n, ""))
 	// 1. New objects, empty, so everything below may refer to them.
 	for _, c := range o.order {
 		if _, ok := old.chains[c]; !ok {
@@ -642,7 +642,7 @@ func (w *writer) port(tx txn, n dataplane.ServicePortName, old, o *portObjects) 
 				tx.Delete(&knftables.Element{Map: e.m, Key: e.key})
 			}
 		}
-		el := &knftables.Element{Map: e.m, Key: e.key, Comment: knftables.PtrTo(n.String() + e.kind)}
+		el := &knftables.Element{Map: e.m, Key: e.key, Comment: knftables.PtrTo(commentOf(n, e.kind))}
 		if e.value != "" {
 			el.Value = []string{e.value}
 		}
@@ -727,7 +727,7 @@ func (w *writer) repair(tx txn, applied map[dataplane.ServicePortName]*portObjec
 			if ok {
 				tx.Delete(&knftables.Element{Map: e.m, Key: e.key})
 			}
-			el := &knftables.Element{Map: e.m, Key: e.key, Comment: knftables.PtrTo(n.String() + e.kind)}
+			el := &knftables.Element{Map: e.m, Key: e.key, Comment: knftables.PtrTo(commentOf(n, e.kind))}
 			if e.value != "" {
 				el.Value = []string{e.value}
 			}
@@ -808,6 +808,16 @@ func (w *writer) reap(tx txn) {
 		}
 		w.reaped[k] = true
 	}
+}
+
+// commentOf is the comment of Service port n's rules (kind "") and shared
+// elements (kind: the entry point's suffix, which explain reads back): the
+// name shortened to fit nft's limit together with kind. nft refuses a whole
+// transaction for one longer comment, so one long Gateway route name
+// stopped every sync while it existed (conformance
+// UDPRouteParentRefPortAndSectionName, 136 bytes with its listener).
+func commentOf(n dataplane.ServicePortName, kind string) string {
+	return dataplane.ShortName(n.String(), dataplane.NftCommentMax-len(kind)) + kind
 }
 
 func sortedKeys[V any](m map[string]V) []string {

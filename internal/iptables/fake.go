@@ -13,7 +13,8 @@ import (
 // enforces what the kernel enforces: a restore applies completely or not at
 // all; a rule may only be appended to a chain that exists; a jump to a
 // missing chain fails; a chain can only be deleted when it is empty and
-// nothing jumps to it; built-in chains cannot be deleted.
+// nothing jumps to it; built-in chains cannot be deleted; a comment keeps
+// its first 255 bytes.
 type Fake struct {
 	mu sync.Mutex
 	rs *Ruleset
@@ -26,6 +27,9 @@ type Fake struct {
 }
 
 var _ Interface = (*Fake)(nil)
+
+// commentMax is the comment match's limit (XT_MAX_COMMENT_LEN less its NUL).
+const commentMax = 255
 
 // builtinTargets are targets that are not chains.
 var builtinTargets = map[string]bool{
@@ -130,6 +134,12 @@ func (f *Fake) Restore(data []byte) error {
 				r, err := ParseRule(parts[2])
 				if err != nil {
 					return fail("%v", err)
+				}
+				// The comment match keeps 255 bytes and drops the rest
+				// without an error (iptables 1.8.9, legacy and nft,
+				// checked in a network namespace).
+				if len(r.Comment) > commentMax {
+					r.Comment = r.Comment[:commentMax]
 				}
 				if r.Jump != "" && !builtinTargets[r.Jump] && cur.Chains[Chain(r.Jump)] == nil {
 					return fail("jump to missing chain %s", r.Jump)

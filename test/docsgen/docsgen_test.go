@@ -198,3 +198,28 @@ func TestRenderConformanceFromWrite(t *testing.T) {
 		t.Errorf("lacks %q:\n%s", want, got)
 	}
 }
+
+// The Gateway summary has a row per report (mode) and a column per profile
+// any report has; the features table lists claims, failures and skips.
+func TestRenderGateway(t *testing.T) {
+	got := render(t, "gateway-conformance", "")
+	for _, want := range []string{
+		"| mode | GATEWAY-HTTP | GATEWAY-TCP | GATEWAY-UDP | Gateway API | run | load (start -> end) |",
+		"| iptables ([docs/gateway-conformance-report-iptables.yaml](docs/gateway-conformance-report-iptables.yaml)) | core 36 / 0 / 0, extended 16 / 1 / 0 | core 18 / 0 / 0 | not run | v1.6.3 | abc1234, 2026-12-06 | 12.00 10.00 8.00 -> 20.00 15.00 10.00 |",
+		"| nftables ([docs/gateway-conformance-report-nftables.yaml](docs/gateway-conformance-report-nftables.yaml)) | not run | not run | core 19 / 0 / 1 | v1.6.3 | abc1234, 2026-12-06 | not recorded |",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("gateway-conformance lacks %q:\n%s", want, got)
+		}
+	}
+	got = render(t, "gateway-conformance-features", "")
+	for _, want := range []string{
+		"| iptables | GATEWAY-HTTP | 36 / 0 / 0 | 16 / 1 / 0 | HTTPRouteMethodMatching, HTTPRouteSchemeRedirect | HTTPRouteRedirectScheme | none |",
+		"| iptables | GATEWAY-TCP | 18 / 0 / 0 | - | none | none | none |",
+		"| nftables | GATEWAY-UDP | 19 / 0 / 1 | - | none | none | UDPRouteSimple |",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("gateway-conformance-features lacks %q:\n%s", want, got)
+		}
+	}
+}

@@ -11,7 +11,8 @@
 //	bench-k8s            docs/bench-k8s.jsonl (make bench-k8s)
 //	bench-scale          docs/bench-scale.jsonl (make bench)
 //	bench-node           docs/bench-node.json (make bench-node)
-//	gateway-conformance  docs/gateway-conformance-report*.yaml (make gateway-conformance)
+//	gateway-conformance  docs/gateway-conformance-report*.yaml (make gateway-conformance), a row per mode
+//	gateway-conformance-features  the same reports: extended features, failed and skipped tests
 //	conformance          docs/conformance/*.json (make conformance)
 //
 // Each table names its source file and, per row, the run's commit and

@@ -159,6 +159,13 @@ func testHTTPRoute(t *testing.T, mode string) {
 			{Matches: []gwv1.HTTPRouteMatch{{Path: prefix("/old")}}, Filters: []gwv1.HTTPRouteFilter{{Type: gwv1.HTTPRouteFilterRequestRedirect,
 				RequestRedirect: &gwv1.HTTPRequestRedirectFilter{Scheme: ptr.To("https"), Hostname: ptr.To(gwv1.PreciseHostname("new.example")), StatusCode: ptr.To(301),
 					Path: &gwv1.HTTPPathModifier{Type: gwv1.PrefixMatchHTTPPathModifier, ReplacePrefixMatch: ptr.To("/new")}}}}},
+			// The extended redirect codes (conformance HTTPRoute303Redirect, ...).
+			{Matches: []gwv1.HTTPRouteMatch{{Path: prefix("/c303")}}, Filters: []gwv1.HTTPRouteFilter{{Type: gwv1.HTTPRouteFilterRequestRedirect,
+				RequestRedirect: &gwv1.HTTPRequestRedirectFilter{Scheme: ptr.To("https"), Hostname: ptr.To(gwv1.PreciseHostname("new.example")), StatusCode: ptr.To(303)}}}},
+			{Matches: []gwv1.HTTPRouteMatch{{Path: prefix("/c307")}}, Filters: []gwv1.HTTPRouteFilter{{Type: gwv1.HTTPRouteFilterRequestRedirect,
+				RequestRedirect: &gwv1.HTTPRequestRedirectFilter{Scheme: ptr.To("https"), Hostname: ptr.To(gwv1.PreciseHostname("new.example")), StatusCode: ptr.To(307)}}}},
+			{Matches: []gwv1.HTTPRouteMatch{{Path: prefix("/c308")}}, Filters: []gwv1.HTTPRouteFilter{{Type: gwv1.HTTPRouteFilterRequestRedirect,
+				RequestRedirect: &gwv1.HTTPRequestRedirectFilter{Scheme: ptr.To("https"), Hostname: ptr.To(gwv1.PreciseHostname("new.example")), StatusCode: ptr.To(308)}}}},
 			{Matches: []gwv1.HTTPRouteMatch{{Path: prefix("/v1")}}, Filters: []gwv1.HTTPRouteFilter{
 				{Type: gwv1.HTTPRouteFilterRequestHeaderModifier, RequestHeaderModifier: &gwv1.HTTPHeaderFilter{Set: []gwv1.HTTPHeader{{Name: "X-Env", Value: "prod west"}}, Remove: []string{"X-Drop"}}},
 				{Type: gwv1.HTTPRouteFilterResponseHeaderModifier, ResponseHeaderModifier: &gwv1.HTTPHeaderFilter{Set: []gwv1.HTTPHeader{{Name: "X-Served-By", Value: "steelyard"}}}},
@@ -294,6 +301,12 @@ func testHTTPRoute(t *testing.T, mode string) {
 		resp, _ := get("GET", "filters.example", "/old/page?x=1", nil)
 		if loc := resp.Header.Get("Location"); resp.StatusCode != 301 || loc != "https://new.example/new/page?x=1" {
 			t.Errorf("redirect: %d %q, want 301 https://new.example/new/page?x=1", resp.StatusCode, loc)
+		}
+		for _, code := range []int{303, 307, 308} {
+			resp, _ := get("GET", "filters.example", fmt.Sprintf("/c%d", code), nil)
+			if loc := resp.Header.Get("Location"); resp.StatusCode != code || loc != fmt.Sprintf("https://new.example/c%d", code) {
+				t.Errorf("redirect: %d %q, want %d https://new.example/c%d", resp.StatusCode, loc, code, code)
+			}
 		}
 		resp, body := get("GET", "filters.example", "/v1/items?y=2", map[string]string{"X-Drop": "secret"})
 		if resp.StatusCode != 200 || body != "a" {
