@@ -45,6 +45,10 @@ type endpointCollector struct {
 	conns, weight, ratio *prometheus.Desc
 	mu                   sync.Mutex
 	configured           map[endpointKey]configuredEndpoint
+	// names maps the names a kernel comment may carry (the full one and
+	// its ShortName forms, dataplane/comment.go) to the Service port, so a
+	// long Gateway route's count is labelled with its real name.
+	names map[string]dataplane.ServicePortName
 }
 
 // WatchEndpoints exports the kernel's count of new connections per
@@ -65,8 +69,15 @@ func (m *Metrics) WatchEndpoints(read EndpointCounts) {
 // one the clusterIP serves).
 func (c *endpointCollector) setState(s dataplane.State) {
 	conf := make(map[endpointKey]configuredEndpoint, len(c.configured))
+	names := make(map[string]dataplane.ServicePortName, len(c.names))
 	for i := range s.Services {
 		sp := &s.Services[i]
+		full := sp.Name.String()
+		for _, max := range []int{dataplane.NftCommentMax, dataplane.XtCommentMax} {
+			if short := dataplane.ShortName(full, max); short != full {
+				names[short] = sp.Name
+			}
+		}
 		bs := sp.ClusterBackends()
 		if len(bs) == 0 {
 			bs = sp.Active()
@@ -82,6 +93,7 @@ func (c *endpointCollector) setState(s dataplane.State) {
 	}
 	c.mu.Lock()
 	c.configured = conf
+	c.names = names
 	c.mu.Unlock()
 }
 
@@ -93,7 +105,7 @@ func (c *endpointCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *endpointCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
-	conf := c.configured
+	conf, names := c.configured, c.names
 	c.mu.Unlock()
 	for k, e := range conf {
 		l := []string{k.port.Namespace, k.port.Name, k.port.Port, k.endpoint.String()}
@@ -106,9 +118,12 @@ func (c *endpointCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	for _, n := range counts {
-		p, err := dataplane.ParseServicePortName(n.Service)
-		if err != nil {
-			continue // a comment not of ours
+		p, ok := names[n.Service]
+		if !ok {
+			var err error
+			if p, err = dataplane.ParseServicePortName(n.Service); err != nil {
+				continue // a comment not of ours
+			}
 		}
 		ch <- prometheus.MustNewConstMetric(c.conns, prometheus.CounterValue, float64(n.NewConnections), p.Namespace, p.Name, p.Port, n.Endpoint.String())
 	}

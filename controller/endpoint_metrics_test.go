@@ -58,3 +58,46 @@ func TestEndpointMetrics(t *testing.T) {
 		}
 	}
 }
+
+// A count whose Service port name the kernel holds in its shortened form
+// (a long Gateway route name, dataplane.ShortName) is labelled with the
+// full name of the synced State.
+func TestEndpointMetricsShortName(t *testing.T) {
+	long := dataplane.ServicePortName{Namespace: "gateway-conformance-infra", Name: "gateway-" + strings.Repeat("x", 120), Port: "udp"}
+	short := dataplane.ShortName(long.String(), dataplane.NftCommentMax)
+	if short == long.String() {
+		t.Fatalf("the name is short enough already: %s", short)
+	}
+	m := NewMetrics()
+	m.WatchEndpoints(func() ([]dataplane.EndpointCount, error) {
+		return []dataplane.EndpointCount{{Service: short, Protocol: dataplane.UDP, Endpoint: netip.MustParseAddrPort("198.19.1.2:8080"), NewConnections: 7}}, nil
+	})
+	m.endpoints.setState(dataplane.State{Services: []dataplane.ServicePort{{
+		Name:     long,
+		VIP:      dataplane.VIP{IP: netip.MustParseAddr("198.18.0.11"), Port: 53, Protocol: dataplane.UDP},
+		Backends: []dataplane.Backend{{IP: netip.MustParseAddr("198.19.1.2"), Port: 8080, Weight: 1, Ready: true, Serving: true}},
+	}}})
+	mfs, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, mf := range mfs {
+		if mf.GetName() != endpointConnsMetric {
+			continue
+		}
+		for _, x := range mf.GetMetric() {
+			l := map[string]string{}
+			for _, lp := range x.GetLabel() {
+				l[lp.GetName()] = lp.GetValue()
+			}
+			if l["service"] != long.Name || l["namespace"] != long.Namespace || l["port"] != long.Port || x.GetCounter().GetValue() != 7 {
+				t.Errorf("series %v = %v, want the full name %s and 7", l, x.GetCounter().GetValue(), long)
+			}
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no %s series for the shortened name", endpointConnsMetric)
+	}
+}
