@@ -15,9 +15,10 @@ func TestLeftoverCleanerCrossesKernelAPIs(t *testing.T) {
 		current string
 		want    []string
 	}{
-		{"iptables", []string{"nftables"}},
-		{"ipvs", []string{"nftables"}},
+		{"iptables", []string{"nftables", "ebpf"}},
+		{"ipvs", []string{"nftables", "ebpf"}},
 		{"nftables", []string{"iptables", "ipvs"}},
+		{"ebpf", []string{"iptables", "ipvs"}},
 	} {
 		t.Run(tc.current, func(t *testing.T) {
 			var cleaned []string

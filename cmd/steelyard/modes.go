@@ -49,6 +49,7 @@ var modes = []dataplaneMode{
 	{name: "iptables", open: openIPTablesMode, cleanup: cleanupIPTablesMode, rules: rulesIPTables, present: iptablesPresent},
 	{name: "ipvs", open: openIPVSMode, cleanup: cleanupIPVSMode, rules: rulesIPTables, present: ipvsPresent},
 	{name: "nftables", open: openNFTablesMode, cleanup: cleanupNFTablesMode, rules: rulesNFTables, present: nftablesPresent},
+	{name: "ebpf", open: openEBPFMode, cleanup: cleanupEBPFMode, rules: rulesNFTables, present: ebpfPresent},
 }
 
 func modeNames() string {

@@ -47,11 +47,14 @@ type dataplaneFlags struct {
 	sysctlDir string
 	// localhostNodePorts is --localhost-nodeports (localhost.go).
 	localhostNodePorts bool
+	// ebpf holds --mode ebpf's flags (ebpf.go).
+	ebpf ebpfFlags
 }
 
 func (f *dataplaneFlags) register(cmd *cobra.Command, withConfig bool) {
 	cmd.Flags().StringVar(&f.mode, "mode", "iptables", "dataplane: "+modeNames())
 	cmd.Flags().StringVar(&f.iptablesMode, "iptables-mode", "auto", "iptables flavour: auto (the one the host uses), nft or legacy")
+	f.registerEBPF(cmd)
 	if withConfig {
 		cmd.Flags().StringSliceVar(&f.clusterCIDRs, "cluster-cidr", nil, "pod CIDRs; new connections to a VIP from outside them are masqueraded")
 		cmd.Flags().BoolVar(&f.masqueradeAll, "masquerade-all", false, "masquerade every new connection to a VIP")
