@@ -26,6 +26,8 @@ var dpModes = []dpMode{
 	{name: "iptables-legacy", args: []string{"--mode", "iptables", "--iptables-mode", "legacy"}, flavour: "legacy"},
 	{name: "iptables-nft", args: []string{"--mode", "iptables", "--iptables-mode", "nft"}, flavour: "nft"},
 	{name: "nftables", args: []string{"--mode", "nftables"}},
+	// Its cgroup and pin dir are the suite's (ebpf_test.go, TestMain).
+	{name: "ebpf", args: []string{"--mode", "ebpf"}},
 }
 
 // feature is something a case needs the dataplane to serve.
