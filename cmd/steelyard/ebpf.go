@@ -30,7 +30,7 @@ func (f *dataplaneFlags) registerEBPF(cmd *cobra.Command) {
 
 func openEBPFMode(f *dataplaneFlags, env modeEnv) (*dataplane.DualStack, error) {
 	cfg := ebpf.Config{CgroupPath: f.ebpf.cgroupPath, PinDir: f.ebpf.pinDir,
-		NFTables: nftables.Config{Masquerade: env.masquerade, NodeAddresses: env.nodeAddresses}}
+		NFTables: nftables.Config{Masquerade: env.masquerade, NodeAddresses: env.nodeAddresses, LocalhostNodePorts: f.localhostNodePorts}}
 	if cfg.CgroupPath == "" {
 		// explain and verify read the pins and never attach.
 		return ebpf.NewDualStackReader(cfg)
