@@ -28,8 +28,8 @@ const (
 // Sizes of the encoded keys and values (those of the C structs).
 const (
 	svcKeySize    = 20
-	svcValSize    = 8
-	slotKeySize   = 8
+	svcValSize    = 8 // putPair
+	slotKeySize   = 8 // putPair
 	backendSize   = 20
 	revnatKeySize = 32
 )
@@ -110,23 +110,29 @@ type svcVal struct {
 	Count uint32
 }
 
-// MarshalBinary encodes struct svc_val (host byte order, as the program
-// reads it).
-func (v svcVal) MarshalBinary() ([]byte, error) {
-	b := make([]byte, svcValSize)
-	binary.NativeEndian.PutUint32(b[0:4], v.ID)
-	binary.NativeEndian.PutUint32(b[4:8], v.Count)
-	return b, nil
+// svc_val and slot_key are both two 32-bit words in host byte order.
+func putPair(a, b uint32) []byte {
+	out := make([]byte, 8)
+	binary.NativeEndian.PutUint32(out[0:4], a)
+	binary.NativeEndian.PutUint32(out[4:8], b)
+	return out
 }
 
-// UnmarshalBinary decodes struct svc_val.
-func (v *svcVal) UnmarshalBinary(b []byte) error {
-	if len(b) != svcValSize {
-		return fmt.Errorf("services value: %d bytes, want %d", len(b), svcValSize)
+func pairAt(what string, b []byte) (uint32, uint32, error) {
+	if len(b) != 8 {
+		return 0, 0, fmt.Errorf("%s: %d bytes, want 8", what, len(b))
 	}
-	v.ID = binary.NativeEndian.Uint32(b[0:4])
-	v.Count = binary.NativeEndian.Uint32(b[4:8])
-	return nil
+	return binary.NativeEndian.Uint32(b[0:4]), binary.NativeEndian.Uint32(b[4:8]), nil
+}
+
+// MarshalBinary encodes struct svc_val (host byte order, as the program
+// reads it).
+func (v svcVal) MarshalBinary() ([]byte, error) { return putPair(v.ID, v.Count), nil }
+
+// UnmarshalBinary decodes struct svc_val.
+func (v *svcVal) UnmarshalBinary(b []byte) (err error) {
+	v.ID, v.Count, err = pairAt("services value", b)
+	return err
 }
 
 // slotKey is a key of the slots map: one slot of one table.
@@ -136,21 +142,12 @@ type slotKey struct {
 }
 
 // MarshalBinary encodes struct slot_key.
-func (k slotKey) MarshalBinary() ([]byte, error) {
-	b := make([]byte, slotKeySize)
-	binary.NativeEndian.PutUint32(b[0:4], k.ID)
-	binary.NativeEndian.PutUint32(b[4:8], k.Slot)
-	return b, nil
-}
+func (k slotKey) MarshalBinary() ([]byte, error) { return putPair(k.ID, k.Slot), nil }
 
 // UnmarshalBinary decodes struct slot_key.
-func (k *slotKey) UnmarshalBinary(b []byte) error {
-	if len(b) != slotKeySize {
-		return fmt.Errorf("slots key: %d bytes, want %d", len(b), slotKeySize)
-	}
-	k.ID = binary.NativeEndian.Uint32(b[0:4])
-	k.Slot = binary.NativeEndian.Uint32(b[4:8])
-	return nil
+func (k *slotKey) UnmarshalBinary(b []byte) (err error) {
+	k.ID, k.Slot, err = pairAt("slots key", b)
+	return err
 }
 
 // backendVal is a value of the slots map (and of revnat, which holds the

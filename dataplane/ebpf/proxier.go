@@ -248,6 +248,10 @@ func applyTable(v *dataplane.ServiceView, t table) {
 		v.Backends = append(v.Backends, dataplane.BackendView{IP: ap.Addr().String(), Port: ap.Port(),
 			Share: dataplane.RoundShare(100 * float64(c) / float64(len(t.slots)))})
 	}
+	if len(t.slots) == MaxSlots {
+		// Fill's largest-remainder table: within one slot of the weights.
+		v.ShareBound = 100.0 / MaxSlots
+	}
 	if missing > 0 {
 		v.Problems = append(v.Problems, fmt.Sprintf("%d of %d slots missing from the table", missing, len(t.slots)))
 	}

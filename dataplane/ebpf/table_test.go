@@ -121,3 +121,39 @@ func TestSocketServed(t *testing.T) {
 		}
 	}
 }
+
+// TestExplainInexactSplit: a split the table cannot hold exactly is
+// explained from the slots, within the bound, and verify's Diff accepts
+// it against the desired shares, but not a wrong table.
+func TestExplainInexactSplit(t *testing.T) {
+	m := memMaps(1 << 16)
+	s := dataplane.State{Services: []dataplane.ServicePort{
+		port("198.18.0.10", map[string]float64{"198.19.1.2": 100.0 / 3, "198.19.1.3": 200.0 / 3}),
+	}}
+	want := desiredTables(s)
+	if _, err := syncTables(m, want, 4); err != nil {
+		t.Fatal(err)
+	}
+	live, _, _, err := liveTables(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expected := dataplane.Expected(s)
+	views := mergeViews(dataplane.Expected(s), live, 4)
+	if len(views) != 1 || views[0].ShareBound == 0 {
+		t.Fatalf("views %+v, want one with a share bound", views)
+	}
+	if d := dataplane.Diff(expected, views); len(d) != 0 {
+		t.Errorf("Diff of the inexact table: %v", d)
+	}
+	// A table 3 slots off (a fill bug) is reported: the last three slots
+	// (198.19.1.3's) given to the first backend.
+	for _, tab := range live {
+		for i := len(tab.slots) - 3; i < len(tab.slots); i++ {
+			tab.slots[i] = tab.slots[0]
+		}
+	}
+	if d := dataplane.Diff(expected, mergeViews(dataplane.Expected(s), live, 4)); len(d) == 0 {
+		t.Error("Diff accepts a table 3 slots off")
+	}
+}
