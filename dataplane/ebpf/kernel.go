@@ -138,7 +138,17 @@ func load(pinDir, cgroup string) (*maps, error) {
 func attach(pin, cgroup string, at ebpf.AttachType, prog *ebpf.Program) error {
 	if l, err := link.LoadPinnedLink(pin, nil); err == nil {
 		defer l.Close()
-		return l.Update(prog)
+		if sameCgroup(l, cgroup) {
+			return l.Update(prog)
+		}
+		// Pinned by a run with another --cgroup-path: let that one go.
+		log.WithField("link", pin).Info("the pinned program is attached to another cgroup: moving it to " + cgroup)
+		if err := l.Detach(); err != nil {
+			return fmt.Errorf("detach the pinned link: %w", err)
+		}
+		if err := l.Unpin(); err != nil {
+			return err
+		}
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("pinned link: %w", err)
 	}
@@ -151,6 +161,21 @@ func attach(pin, cgroup string, at ebpf.AttachType, prog *ebpf.Program) error {
 		return fmt.Errorf("pin the link (bpf_link is needed, Linux 5.7+): %w", err)
 	}
 	return nil
+}
+
+// sameCgroup reports whether l is attached to the cgroup at path (a
+// cgroup v2 directory's inode number is the cgroup's ID). When it cannot
+// tell, it says yes: the link is then updated in place, as before.
+func sameCgroup(l link.Link, path string) bool {
+	info, err := l.Info()
+	if err != nil || info.Cgroup() == nil {
+		return true
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return true
+	}
+	return info.Cgroup().CgroupId == st.Ino
 }
 
 // unload detaches every program and unpins every map of pinDir: unpinned

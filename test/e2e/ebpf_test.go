@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -199,6 +200,23 @@ func TestEBPFSocketLB(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A restart moves the pinned links to the new programs: still one
+	// attachment per hook, on the suite's cgroup.
+	if err := f.agent.Stop(); err != nil {
+		t.Logf("agent stop: %v", err)
+	}
+	f.start()
+	if strings.Contains(f.agent.Log(), "another cgroup") {
+		t.Errorf("the restarted agent found its links on another cgroup:\n%s", f.agent.Log())
+	}
+	cg := f.modeArgs()[slices.Index(f.modeArgs(), "--cgroup-path")+1]
+	out, err = f.sb.Node.Exec("bpftool", "cgroup", "show", cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(out, " sy_"); n != 8 {
+		t.Errorf("bpftool cgroup show: %d steelyard programs, want 8 (one per hook):\n%s", n, out)
+	}
 	if err := f.agent.Stop(); err != nil {
 		t.Logf("agent stop: %v", err)
 	}
@@ -212,5 +230,8 @@ func TestEBPFSocketLB(t *testing.T) {
 	// any more (the node routes it to its dummy interface).
 	if _, err := f.client.Dial("tcp", addrPort(webService.vip, 80), 500*time.Millisecond); err == nil {
 		t.Error("a connection to the VIP succeeded after cleanup")
+	}
+	if out, err := f.sb.Node.Exec("bpftool", "cgroup", "show", cg); err != nil || strings.Contains(out, "sy_") {
+		t.Errorf("bpftool cgroup show after cleanup (%v):\n%s", err, out)
 	}
 }
