@@ -16,7 +16,8 @@ type table struct {
 }
 
 // socketServed reports whether the socket programs choose the backends of
-// sp's clusterIP. The others go through the maps untouched and the
+// sp's clusterIP (for TCP connects and unconnected UDP sends; connected
+// UDP sockets go through nftables, see bpf/socklb.c). The others go through the maps untouched and the
 // nftables rules (which carry every clusterIP as well) serve them:
 // sessionAffinity ClientIP (the client's address is not known at
 // connect() yet), a reject share (Gateway API invalid backendRefs), no

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 //
 // steelyard's socket-layer load balancer: cgroup sock_addr programs that
-// pick a Service port's backend when a process connects (TCP, connected
-// UDP) or sends an unconnected UDP datagram, so packets leave already
-// addressed to the pod and conntrack never sees the VIP.
+// pick a Service port's backend when a process connects (TCP) or sends an
+// unconnected UDP datagram, so packets leave already addressed to the pod
+// and conntrack never sees the VIP.
 //
 // Maps (the Go side, dataplane/ebpf/maps.go, encodes the same layouts):
 //
@@ -121,10 +121,21 @@ static __always_inline __u8 l4proto(struct bpf_sock_addr *ctx)
 	return 0;
 }
 
-static __always_inline int xlate4(struct bpf_sock_addr *ctx)
+// at_connect: a connected UDP socket is left to the nftables rules. Its
+// backend would be fixed for the socket's life, and nothing closes it when
+// that pod leaves (no conntrack entry to flush; bpf_sock_destroy needs
+// 6.5 and an iterator per network namespace): through the VIP, the
+// agent's conntrack cleanup moves the flow. Unconnected sends choose
+// again at each sendmsg().
+static __always_inline int skip(__u8 proto, int at_connect)
+{
+	return !proto || (at_connect && proto == IPPROTO_UDP);
+}
+
+static __always_inline int xlate4(struct bpf_sock_addr *ctx, int at_connect)
 {
 	struct svc_key key = {.port = (__u16)ctx->user_port, .proto = l4proto(ctx)};
-	if (!key.proto)
+	if (skip(key.proto, at_connect))
 		return 1;
 	v4_mapped(key.addr, ctx->user_ip4);
 	struct backend *be = pick(&key);
@@ -136,10 +147,10 @@ static __always_inline int xlate4(struct bpf_sock_addr *ctx)
 	return 1;
 }
 
-static __always_inline int xlate6(struct bpf_sock_addr *ctx)
+static __always_inline int xlate6(struct bpf_sock_addr *ctx, int at_connect)
 {
 	struct svc_key key = {.port = (__u16)ctx->user_port, .proto = l4proto(ctx)};
-	if (!key.proto)
+	if (skip(key.proto, at_connect))
 		return 1;
 	key.addr[0] = ctx->user_ip6[0];
 	key.addr[1] = ctx->user_ip6[1];
@@ -189,16 +200,16 @@ static __always_inline int rev6(struct bpf_sock_addr *ctx)
 }
 
 SEC("cgroup/connect4")
-int sy_connect4(struct bpf_sock_addr *ctx) { return xlate4(ctx); }
+int sy_connect4(struct bpf_sock_addr *ctx) { return xlate4(ctx, 1); }
 
 SEC("cgroup/connect6")
-int sy_connect6(struct bpf_sock_addr *ctx) { return xlate6(ctx); }
+int sy_connect6(struct bpf_sock_addr *ctx) { return xlate6(ctx, 1); }
 
 SEC("cgroup/sendmsg4")
-int sy_sendmsg4(struct bpf_sock_addr *ctx) { return xlate4(ctx); }
+int sy_sendmsg4(struct bpf_sock_addr *ctx) { return xlate4(ctx, 0); }
 
 SEC("cgroup/sendmsg6")
-int sy_sendmsg6(struct bpf_sock_addr *ctx) { return xlate6(ctx); }
+int sy_sendmsg6(struct bpf_sock_addr *ctx) { return xlate6(ctx, 0); }
 
 SEC("cgroup/recvmsg4")
 int sy_recvmsg4(struct bpf_sock_addr *ctx) { return rev4(ctx); }
