@@ -173,31 +173,51 @@ func TestEBPFSocketLB(t *testing.T) {
 	}
 	c.Close()
 
-	// Unconnected UDP: sendto the VIP, the reply comes from the VIP.
+	// Unconnected UDP: one socket, udp1090Flows datagrams sent to the VIP
+	// one at a time. Each sendmsg() chooses again, so the 10/90 split holds
+	// per datagram (the tolerance of caseUDPShares), and every reply comes
+	// from the VIP (recvmsg).
+	res := sandbox.Result{Dst: addrPort(dnsService.vip, 53), Proto: "udp", Requested: udp1090Flows,
+		Counts: map[string]int{}, Errors: map[string]int{}}
+	start := time.Now()
 	err = f.client.Do(func() error {
 		pc, err := net.ListenUDP("udp4", nil)
 		if err != nil {
 			return err
 		}
 		defer pc.Close()
-		pc.SetDeadline(time.Now().Add(3 * time.Second))
-		vip := net.UDPAddrFromAddrPort(addrPort(dnsService.vip, 53))
-		if _, err := pc.WriteToUDP([]byte("hello\n"), vip); err != nil {
-			return err
-		}
+		vip := net.UDPAddrFromAddrPort(res.Dst)
 		buf := make([]byte, 256)
-		n, from, err := pc.ReadFromUDPAddrPort(buf)
-		if err != nil {
-			return err
-		}
-		name := strings.TrimSpace(string(buf[:n]))
-		if from != addrPort(dnsService.vip, 53) || !strings.HasPrefix(name, "dns-") {
-			t.Errorf("unconnected UDP: %q from %s, want a dns pod's name from the VIP", name, from)
+		for range udp1090Flows {
+			res.Attempted++
+			pc.SetDeadline(time.Now().Add(3 * time.Second))
+			if _, err := pc.WriteToUDP([]byte("hello\n"), vip); err != nil {
+				return err
+			}
+			n, from, err := pc.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				res.Errors[err.Error()]++
+				continue
+			}
+			if from != res.Dst {
+				res.Errors["reply from "+from.String()]++
+				continue
+			}
+			res.Counts[strings.TrimSpace(string(buf[:n]))]++
 		}
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	res.Elapsed = time.Since(start)
+	sandbox.ExpectShares(t, res, map[string]float64{"dns-1": 10, "dns-2": 90}, 2)
+	out, _, err = f.sb.Node.Exec2("conntrack", "-L", "-p", "udp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out, "dst="+dnsService.vip+" ") || !strings.Contains(out, "dst=198.19.4.") {
+		t.Errorf("the node's conntrack: want dns pods and never the VIP:\n%s", out)
 	}
 
 	// A restart moves the pinned links to the new programs: still one
