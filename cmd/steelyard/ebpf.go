@@ -42,6 +42,12 @@ func cleanupEBPFMode(f *dataplaneFlags) error {
 	return ebpf.Cleanup(f.ebpf.pinDir, nftables.Config{})
 }
 
+// unloadEBPF detaches the ebpf mode's programs and unpins its maps, and
+// leaves the nftables tables (another nftables-API mode runs on them).
+func unloadEBPF(f *dataplaneFlags) error {
+	return ebpf.Unload(f.ebpf.pinDir)
+}
+
 // ebpfPresent reports whether the ebpf mode left its pins or its nftables
 // tables here.
 func ebpfPresent(f *dataplaneFlags) bool {

@@ -114,6 +114,16 @@ func Cleanup(pinDir string, nft nftables.Config) error {
 	return errors.Join(d.Cleanup(), unload(pinDir))
 }
 
+// Unload detaches the programs and unpins the maps of pinDir (default
+// DefaultPinDir), leaving the nftables tables: a node switched to
+// --mode nftables keeps them while the socket programs go.
+func Unload(pinDir string) error {
+	if pinDir == "" {
+		pinDir = DefaultPinDir
+	}
+	return unload(pinDir)
+}
+
 // maps returns the loaded maps, loading and attaching at the first call.
 func (k *kernel) maps() (*maps, error) {
 	k.mu.Lock()
