@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sync"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
@@ -134,11 +135,15 @@ func (k *kernel) maps() (*maps, error) {
 	if err := CheckCgroup(k.cfg.CgroupPath); err != nil {
 		return nil, err
 	}
+	t0 := time.Now()
 	m, err := load(k.cfg.PinDir, k.cfg.CgroupPath)
 	if err != nil {
 		return nil, err
 	}
-	log.WithField("cgroup", k.cfg.CgroupPath).WithField("pins", k.cfg.PinDir).Info("socket programs attached")
+	// took: loading (the verifier) and attaching (the kernel's cgroup
+	// lock, shared with every cgroup change on the machine).
+	log.WithFields(logrus.Fields{"cgroup": k.cfg.CgroupPath, "pins": k.cfg.PinDir, "took": time.Since(t0).Round(time.Millisecond)}).
+		Info("socket programs attached")
 	k.m = m
 	return m, nil
 }

@@ -89,6 +89,24 @@ static __always_inline void v4_mapped(__u32 addr[4], __u32 ip4)
 	addr[3] = ip4;
 }
 
+// The four words of an IPv6 address in bpf_sock_addr (32-bit accesses
+// only, as the verifier wants them).
+static __always_inline void load6(__u32 addr[4], struct bpf_sock_addr *ctx)
+{
+	addr[0] = ctx->user_ip6[0];
+	addr[1] = ctx->user_ip6[1];
+	addr[2] = ctx->user_ip6[2];
+	addr[3] = ctx->user_ip6[3];
+}
+
+static __always_inline void store6(struct bpf_sock_addr *ctx, const __u32 addr[4])
+{
+	ctx->user_ip6[0] = addr[0];
+	ctx->user_ip6[1] = addr[1];
+	ctx->user_ip6[2] = addr[2];
+	ctx->user_ip6[3] = addr[3];
+}
+
 // pick returns the backend for the VIP in key, or NULL (not ours: the
 // packet goes on to the nftables rules unchanged).
 static __always_inline struct backend *pick(struct svc_key *key)
@@ -152,17 +170,11 @@ static __always_inline int xlate6(struct bpf_sock_addr *ctx, int at_connect)
 	struct svc_key key = {.port = (__u16)ctx->user_port, .proto = l4proto(ctx)};
 	if (skip(key.proto, at_connect))
 		return 1;
-	key.addr[0] = ctx->user_ip6[0];
-	key.addr[1] = ctx->user_ip6[1];
-	key.addr[2] = ctx->user_ip6[2];
-	key.addr[3] = ctx->user_ip6[3];
+	load6(key.addr, ctx);
 	struct backend *be = pick(&key);
 	if (!be)
 		return 1;
-	ctx->user_ip6[0] = be->addr[0];
-	ctx->user_ip6[1] = be->addr[1];
-	ctx->user_ip6[2] = be->addr[2];
-	ctx->user_ip6[3] = be->addr[3];
+	store6(ctx, be->addr);
 	ctx->user_port = be->port;
 	remember(ctx, be, &key);
 	return 1;
@@ -184,17 +196,11 @@ static __always_inline int rev4(struct bpf_sock_addr *ctx)
 static __always_inline int rev6(struct bpf_sock_addr *ctx)
 {
 	struct revnat_key rk = {.cookie = bpf_get_socket_cookie(ctx), .port = (__u16)ctx->user_port};
-	rk.addr[0] = ctx->user_ip6[0];
-	rk.addr[1] = ctx->user_ip6[1];
-	rk.addr[2] = ctx->user_ip6[2];
-	rk.addr[3] = ctx->user_ip6[3];
+	load6(rk.addr, ctx);
 	struct backend *vip = bpf_map_lookup_elem(&revnat, &rk);
 	if (!vip)
 		return 1;
-	ctx->user_ip6[0] = vip->addr[0];
-	ctx->user_ip6[1] = vip->addr[1];
-	ctx->user_ip6[2] = vip->addr[2];
-	ctx->user_ip6[3] = vip->addr[3];
+	store6(ctx, vip->addr);
 	ctx->user_port = vip->port;
 	return 1;
 }
