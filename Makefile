@@ -66,8 +66,8 @@ bpf-generate:
 	BPF2GO_CFLAGS="$(BPF_CFLAGS)" $(GO) generate ./dataplane/ebpf/
 
 bpf-check: deps bpf-generate
-	@if [ -n "$$(git status --porcelain -- dataplane/ebpf/)" ]; then \
-		git status --short -- dataplane/ebpf/; \
+	@if [ -n "$$(git status --porcelain -- 'dataplane/ebpf/*_bpfel.*')" ]; then \
+		git status --short -- 'dataplane/ebpf/*_bpfel.*'; \
 		echo "bpf-check: the generated eBPF files differ from the committed ones (run make bpf-generate and commit)"; exit 1; fi
 
 vet:
