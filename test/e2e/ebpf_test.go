@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -27,7 +28,8 @@ import (
 //
 // The pins go to a bpffs the suite mounts on a directory of its own (this
 // host has none at /sys/fs/bpf, and `ip netns exec` mounts a fresh /sys
-// anyway, which is also why the agent gets the sub-cgroup bind-mounted);
+// anyway, which is also why the agent reaches the sub-cgroup through
+// /proc/<pid>/root);
 // each case's fixture removes every pin when it ends (the programs detach
 // with their last link), and TestMain unmounts and removes both at the end.
 const (
@@ -56,31 +58,37 @@ func setupEBPF() (func(), error) {
 		os.Remove(cg)
 		return nil, err
 	}
-	dir, cgBind := filepath.Join(parent, "bpffs"), filepath.Join(parent, "cgroup")
+	dir := filepath.Join(parent, "bpffs")
 	os.Mkdir(dir, 0o700)
-	os.Mkdir(cgBind, 0o700)
+	// `ip netns exec` mounts a fresh /sys without the cgroup mounts: the
+	// agent reaches the sub-cgroup through this process's root
+	// (/proc/<pid>/root resolves in this process's mount namespace). Not
+	// a bind mount: another suite that lists the cgroup mounts of the
+	// host (test/node/cluster) would take it for a hierarchy of its own.
+	cgPath := fmt.Sprintf("/proc/%d/root%s", os.Getpid(), cg)
 	undo := func() {
 		clearPins()
 		syscall.Unmount(dir, syscall.MNT_DETACH)
-		syscall.Unmount(cgBind, syscall.MNT_DETACH)
 		os.Remove(dir)
-		os.Remove(cgBind)
 		os.Remove(parent)
 		// Back to where the process was, then the cgroup is empty.
 		os.WriteFile(filepath.Join(cgroupUnified, orig, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0o644)
-		if err := os.Remove(cg); err != nil {
+		// A process of the suite that is still exiting keeps the cgroup
+		// busy for a moment (EBUSY seen after long runs).
+		var err error
+		for range 100 {
+			if err = os.Remove(cg); err == nil || !errors.Is(err, syscall.EBUSY) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err != nil {
 			fmt.Fprintln(os.Stderr, "e2e: remove", cg+":", err)
 		}
 	}
 	if err := syscall.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
 		undo()
 		return nil, fmt.Errorf("ebpf: mount a bpffs: %w", err)
-	}
-	// `ip netns exec` mounts a fresh /sys, without the cgroup mounts: the
-	// agent reaches the sub-cgroup (and only it) through a bind mount.
-	if err := syscall.Mount(cg, cgBind, "", syscall.MS_BIND, ""); err != nil {
-		undo()
-		return nil, fmt.Errorf("ebpf: bind-mount the sub-cgroup: %w", err)
 	}
 	if err := os.WriteFile(filepath.Join(cg, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
 		undo()
@@ -89,7 +97,7 @@ func setupEBPF() (func(), error) {
 	ebpfPins = filepath.Join(dir, "steelyard")
 	for i := range dpModes {
 		if dpModes[i].name == "ebpf" {
-			dpModes[i].args = []string{"--mode", "ebpf", "--cgroup-path", cgBind, "--bpf-pin-dir", ebpfPins}
+			dpModes[i].args = []string{"--mode", "ebpf", "--cgroup-path", cgPath, "--bpf-pin-dir", ebpfPins}
 		}
 	}
 	return undo, nil
