@@ -251,7 +251,7 @@ FUZZTIME ?= 20s
 FUZZ_TARGETS := ./controller/:FuzzParseWeights ./controller/:FuzzParseSplit ./controller/:FuzzParseSliceWeight \
 	./controller/:FuzzManifests ./controller/:FuzzBuild ./controller/:FuzzBuildObjects ./cni/:FuzzPlugin \
 	./controller/ingress/:FuzzRender ./controller/ingress/:FuzzSettings ./controller/ingress/:FuzzHTTPRouteValues \
-	./controller/gateway/:FuzzTranslate ./cmd/steelyard/:FuzzMasqueradeFlags
+	./controller/gateway/:FuzzTranslate ./cmd/steelyard/:FuzzMasqueradeFlags ./dataplane/ebpf/:FuzzMapEncoders
 fuzz:
 	set -e; for t in $(FUZZ_TARGETS); do \
 		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) "$${t%%:*}"; \
