@@ -18,9 +18,10 @@ FROM debian:bookworm-slim
 # iptables brings both flavours (nft and legacy): steelyard detects the one
 # the node uses. ipset and ipvsadm for the IPVS dataplane, conntrack for
 # flow cleanup and debugging, nft for the nftables dataplane (it drives
-# nft -f), nginx for the L7 layer.
+# nft -f), nginx for the L7 layer, bpftool to read the ebpf mode's pinned
+# maps (bpftool map dump pinned /sys/fs/bpf/steelyard/services).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends iptables ipset ipvsadm conntrack iproute2 nftables nginx-light \
+ && apt-get install -y --no-install-recommends iptables ipset ipvsadm conntrack iproute2 nftables nginx-light bpftool \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/steelyard /usr/local/bin/steelyard
 # The chained CNI plugin; `steelyard install-cni` (the DaemonSet's init

@@ -42,7 +42,7 @@ demo: deps build
 # Every suite: vet, unit tests (no root), kernel tests (root, in namespaces),
 # and the tests against a real kube-apiserver and etcd (built from source
 # once, about 11 minutes, then cached under ~/.cache/steelyard).
-test: deps build prebuild vet unit chart-check e2e k8s cni ingress ipvs gateway node multinode docs-check
+test: deps build bpf-check prebuild vet unit chart-check e2e k8s cni ingress ipvs gateway node multinode docs-check
 
 # The slow cache builds of later suites (Kubernetes from source, containerd,
 # the CNI reference plugins) start in the background, so that with every
@@ -54,6 +54,21 @@ test: deps build prebuild vet unit chart-check e2e k8s cni ingress ipvs gateway 
 prebuild:
 	@mkdir -p bin
 	@(scripts/control-plane/build.sh && scripts/node/containerd.sh && scripts/cni-plugins.sh) >bin/prebuild.log 2>&1 </dev/null &
+
+# The ebpf mode's socket programs (dataplane/ebpf/bpf/*.c), compiled with
+# Debian's clang through bpf2go (the tool of go.mod). The generated
+# socklb_bpfel.go and .o are committed, so go build needs no clang:
+# bpf-generate rewrites them, bpf-check (in test) regenerates them and
+# fails when they differ from the committed ones.
+.PHONY: bpf-generate bpf-check
+BPF_CFLAGS := -O2 -g -Wall -Werror -I/usr/include/$(shell uname -m)-linux-gnu
+bpf-generate:
+	BPF2GO_CFLAGS="$(BPF_CFLAGS)" $(GO) generate ./dataplane/ebpf/
+
+bpf-check: deps bpf-generate
+	@if [ -n "$$(git status --porcelain -- 'dataplane/ebpf/*_bpfel.*')" ]; then \
+		git status --short -- 'dataplane/ebpf/*_bpfel.*'; \
+		echo "bpf-check: the generated eBPF files differ from the committed ones (run make bpf-generate and commit)"; exit 1; fi
 
 vet:
 	$(GO) vet ./...
@@ -243,7 +258,7 @@ FUZZTIME ?= 20s
 FUZZ_TARGETS := ./controller/:FuzzParseWeights ./controller/:FuzzParseSplit ./controller/:FuzzParseSliceWeight \
 	./controller/:FuzzManifests ./controller/:FuzzBuild ./controller/:FuzzBuildObjects ./cni/:FuzzPlugin \
 	./controller/ingress/:FuzzRender ./controller/ingress/:FuzzSettings ./controller/ingress/:FuzzHTTPRouteValues \
-	./controller/gateway/:FuzzTranslate ./cmd/steelyard/:FuzzMasqueradeFlags
+	./controller/gateway/:FuzzTranslate ./cmd/steelyard/:FuzzMasqueradeFlags ./dataplane/ebpf/:FuzzMapEncoders
 fuzz:
 	set -e; for t in $(FUZZ_TARGETS); do \
 		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) "$${t%%:*}"; \

@@ -52,6 +52,11 @@ type ServiceView struct {
 	// NodeAddresses are the node addresses a node port listens on. Shown,
 	// not compared by Diff: the desired state does not know them.
 	NodeAddresses []string `json:"nodeAddresses,omitempty"`
+	// ShareBound, when set, is how far (in points) the live shares may
+	// lie from the weights' by construction: the ebpf mode's slot table
+	// of n slots where the weights do not divide it exactly (100/n).
+	// Diff accepts differences up to it.
+	ShareBound float64 `json:"shareBound,omitempty"`
 }
 
 // The entry points of a Service port.
@@ -326,9 +331,10 @@ func sameView(a, b ServiceView) bool {
 	if a.AffinitySeconds != b.AffinitySeconds || !slices.Equal(a.SourceRanges, b.SourceRanges) {
 		return false
 	}
+	tol := max(ShareTolerance, a.ShareBound, b.ShareBound)
 	for i := range a.Backends {
 		x, y := a.Backends[i], b.Backends[i]
-		if x.IP != y.IP || x.Port != y.Port || math.Abs(x.Share-y.Share) > ShareTolerance {
+		if x.IP != y.IP || x.Port != y.Port || math.Abs(x.Share-y.Share) > tol {
 			return false
 		}
 	}

@@ -17,6 +17,13 @@ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx-light
 # util-linux's flock and setpriv for the e2e suite (the xtables lock chaos
 # test, the capability test). Essential on Debian, not on every image.
 { command -v flock && command -v setpriv; } >/dev/null 2>&1 || need+=(util-linux)
+# clang, llvm (llvm-strip), libbpf's headers and bpftool for the eBPF mode:
+# `make bpf-check` compiles dataplane/ebpf/bpf/ with bpf2go and compares
+# the committed objects; bpftool lets an operator read the pinned maps.
+command -v clang >/dev/null 2>&1 || need+=(clang)
+command -v llvm-strip >/dev/null 2>&1 || need+=(llvm)
+[ -e /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
+command -v bpftool >/dev/null 2>&1 || [ -x /usr/sbin/bpftool ] || need+=(bpftool)
 # `--node`: also what the real node (make node, cluster-up) needs: runc for
 # containerd, debootstrap for the steelyard image's root filesystem, and
 # util-linux's nsenter/unshare.

@@ -34,14 +34,24 @@ type leftoverCleaner struct {
 // newLeftoverCleaner returns the cleaner for a node running mode current,
 // one of table (the modes table).
 func newLeftoverCleaner(f *dataplaneFlags, current dataplaneMode, table []dataplaneMode) *leftoverCleaner {
-	var others []dataplaneMode
+	var others, siblings []dataplaneMode
 	for _, m := range table {
-		if m.rules != current.rules {
+		switch {
+		case m.rules != current.rules:
 			others = append(others, m)
+		case m.name != current.name && m.ownLeftovers != nil:
+			siblings = append(siblings, m)
 		}
 	}
 	return &leftoverCleaner{clean: func() error {
 		var errs []error
+		// What a mode of the same API keeps outside it (the ebpf mode's
+		// socket programs, which would go on steering connects).
+		for _, m := range siblings {
+			if err := m.ownLeftovers(f); err != nil {
+				errs = append(errs, err)
+			}
+		}
 		for _, m := range others {
 			if m.present != nil && !m.present(f) {
 				continue

@@ -15,9 +15,10 @@ func TestLeftoverCleanerCrossesKernelAPIs(t *testing.T) {
 		current string
 		want    []string
 	}{
-		{"iptables", []string{"nftables"}},
-		{"ipvs", []string{"nftables"}},
-		{"nftables", []string{"iptables", "ipvs"}},
+		{"iptables", []string{"nftables", "ebpf"}},
+		{"ipvs", []string{"nftables", "ebpf"}},
+		{"nftables", []string{"ebpf (own)", "iptables", "ipvs"}},
+		{"ebpf", []string{"iptables", "ipvs"}},
 	} {
 		t.Run(tc.current, func(t *testing.T) {
 			var cleaned []string
@@ -31,6 +32,12 @@ func TestLeftoverCleanerCrossesKernelAPIs(t *testing.T) {
 						return errors.New("no ipset here")
 					}
 					return nil
+				}
+				if table[i].ownLeftovers != nil {
+					table[i].ownLeftovers = func(*dataplaneFlags) error {
+						cleaned = append(cleaned, name+" (own)")
+						return nil
+					}
 				}
 			}
 			current, err := lookupMode(tc.current)
@@ -74,6 +81,7 @@ func TestLeftoverCleanerSkipsAbsentModes(t *testing.T) {
 		name := table[i].name
 		table[i].present = func(*dataplaneFlags) bool { return name != "ipvs" }
 		table[i].cleanup = func(*dataplaneFlags) error { cleaned = append(cleaned, name); return nil }
+		table[i].ownLeftovers = nil
 	}
 	current, _ := lookupMode("nftables")
 	if err := newLeftoverCleaner(&dataplaneFlags{}, current, table).afterSync(func() error { return nil })(); err != nil {

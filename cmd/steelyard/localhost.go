@@ -19,7 +19,7 @@ const routeLocalnet = "net.ipv4.conf.all.route_localnet"
 
 // localhostModes are the modes that serve localhost node ports (kube-proxy:
 // iptables only; IPVS, as kube-proxy's, does not).
-var localhostModes = map[string]bool{"iptables": true, "nftables": true}
+var localhostModes = map[string]bool{"iptables": true, "nftables": true, "ebpf": true}
 
 // localhostNodePorts decides --localhost-nodeports for run: on only in a
 // mode that serves it and, as in kube-proxy, when --nodeport-addresses

@@ -33,6 +33,10 @@ type dataplaneMode struct {
 	// present, when set, tells cheaply whether the mode left anything on
 	// this node; nil: cleanup finds out itself.
 	present func(f *dataplaneFlags) bool
+	// ownLeftovers, when set, removes what the mode keeps outside its
+	// rules API; a running mode of the same API calls it (the nftables
+	// mode detaches the ebpf mode's programs, and keeps the tables).
+	ownLeftovers func(f *dataplaneFlags) error
 }
 
 // modeEnv is what every mode's dataplane is constructed with besides the
@@ -49,6 +53,7 @@ var modes = []dataplaneMode{
 	{name: "iptables", open: openIPTablesMode, cleanup: cleanupIPTablesMode, rules: rulesIPTables, present: iptablesPresent},
 	{name: "ipvs", open: openIPVSMode, cleanup: cleanupIPVSMode, rules: rulesIPTables, present: ipvsPresent},
 	{name: "nftables", open: openNFTablesMode, cleanup: cleanupNFTablesMode, rules: rulesNFTables, present: nftablesPresent},
+	{name: "ebpf", open: openEBPFMode, cleanup: cleanupEBPFMode, rules: rulesNFTables, present: ebpfPresent, ownLeftovers: unloadEBPF},
 }
 
 func modeNames() string {

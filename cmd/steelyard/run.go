@@ -50,11 +50,14 @@ type dataplaneFlags struct {
 	// countConnections is --count-connections (issue 23): the kernel
 	// counts each endpoint's new connections (IPVS always does).
 	countConnections bool
+	// ebpf holds --mode ebpf's flags (ebpf.go).
+	ebpf ebpfFlags
 }
 
 func (f *dataplaneFlags) register(cmd *cobra.Command, withConfig bool) {
 	cmd.Flags().StringVar(&f.mode, "mode", "iptables", "dataplane: "+modeNames())
 	cmd.Flags().StringVar(&f.iptablesMode, "iptables-mode", "auto", "iptables flavour: auto (the one the host uses), nft or legacy")
+	f.registerEBPF(cmd)
 	if withConfig {
 		cmd.Flags().StringSliceVar(&f.clusterCIDRs, "cluster-cidr", nil, "pod CIDRs; new connections to a VIP from outside them are masqueraded")
 		cmd.Flags().BoolVar(&f.masqueradeAll, "masquerade-all", false, "masquerade every new connection to a VIP")

@@ -18,6 +18,7 @@ import (
 
 	"github.com/steelyard-net/steelyard/controller"
 	"github.com/steelyard-net/steelyard/dataplane"
+	"github.com/steelyard-net/steelyard/dataplane/ebpf"
 	"github.com/steelyard-net/steelyard/dataplane/iptables"
 	"github.com/steelyard-net/steelyard/dataplane/ipvs"
 	"github.com/steelyard-net/steelyard/dataplane/nftables"
@@ -83,6 +84,11 @@ func fakeModes() map[string]*fakeMode {
 		open: func(*testing.T) *dataplane.DualStack {
 			return nftables.NewDualStack(knftables.NewFake(knftables.IPv4Family, nftables.TableName),
 				knftables.NewFake(knftables.IPv6Family, nftables.TableName), nftables.Config{})
+		},
+	}
+	out["ebpf"] = &fakeMode{
+		open: func(t *testing.T) *dataplane.DualStack {
+			return ebpf.NewDualStackMem(out["nftables"].open(t))
 		},
 	}
 	return out
@@ -216,7 +222,7 @@ func TestVerifyBuilderIPv6EveryMode(t *testing.T) {
 // mode is refused with the table's names, before anything is opened.
 func TestUnknownModeRefused(t *testing.T) {
 	f := dataplaneFlags{mode: "bpf"}
-	if _, err := f.open(nil); err == nil || !strings.Contains(err.Error(), "want iptables, ipvs or nftables") {
+	if _, err := f.open(nil); err == nil || !strings.Contains(err.Error(), "want iptables, ipvs, nftables or ebpf") {
 		t.Errorf("open --mode bpf: %v", err)
 	}
 	if _, err := lookupMode("bpf"); err == nil {

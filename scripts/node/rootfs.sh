@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build (once) and cache the root filesystem of the steelyard image: the
 # Dockerfile's runtime stage, Debian bookworm (minbase) with iptables, ipset,
-# ipvsadm, conntrack, iproute2, nftables and nginx-light, made by debootstrap from the
+# ipvsadm, conntrack, iproute2, nftables, nginx-light and bpftool, made by debootstrap from the
 # machine's Debian mirror (no registry, no base image download).
 #
 #   scripts/node/rootfs.sh           build if needed, print the rootfs tarball
@@ -17,7 +17,7 @@ set -euo pipefail
 
 suite=${ROOTFS_SUITE:-bookworm}
 mirror=${ROOTFS_MIRROR:-http://deb.debian.org/debian}
-packages=${ROOTFS_PACKAGES:-iptables,ipset,ipvsadm,conntrack,iproute2,nftables,nginx-light}
+packages=${ROOTFS_PACKAGES:-iptables,ipset,ipvsadm,conntrack,iproute2,nftables,nginx-light,bpftool}
 cache=${STEELYARD_CACHE:-$HOME/.cache/steelyard}
 # shellcheck source=../lib/lock.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../lib/lock.sh"

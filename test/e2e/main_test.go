@@ -37,6 +37,12 @@ func testMain(m *testing.M) int {
 	}
 	defer cleanup()
 	steelyardBin = bin
+	undo, err := setupEBPF()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	defer undo()
 	stop := sandbox.CloseOnSignal()
 	defer stop()
 	return m.Run()
@@ -130,6 +136,11 @@ type fixture struct {
 
 func newFixture(t *testing.T, m dpMode) *fixture {
 	t.Helper()
+	if m.name == "ebpf" {
+		// After the sandbox has stopped the agent (cleanups run last
+		// first): no table outlives its case.
+		t.Cleanup(clearPins)
+	}
 	sb := sandbox.NewT(t, sandbox.Options{})
 	client, err := sb.AddClient(netip.Addr{})
 	if err != nil {

@@ -1,0 +1,230 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+//
+// steelyard's socket-layer load balancer: cgroup sock_addr programs that
+// pick a Service port's backend when a process connects (TCP) or sends an
+// unconnected UDP datagram, so packets leave already addressed to the pod
+// and conntrack never sees the VIP.
+//
+// Maps (the Go side, dataplane/ebpf/maps.go, encodes the same layouts):
+//
+//	services  (addr, port, proto) -> (table id, slot count)
+//	slots     (table id, slot)    -> backend (addr, port)
+//	revnat    (socket cookie, backend addr, port) -> VIP (addr, port)
+//
+// Addresses are 16 bytes, IPv4 as ::ffff:a.b.c.d, so one key layout
+// serves both families (and AF_INET6 sockets that dial a v4-mapped VIP).
+// Ports are in network byte order, as bpf_sock_addr holds them.
+#include <linux/bpf.h>
+#include <linux/in.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+// From <linux/net.h>, which is not a UAPI header.
+#define SOCK_STREAM 1
+#define SOCK_DGRAM 2
+
+char __license[] SEC("license") = "Dual BSD/GPL";
+
+struct svc_key {
+	__u32 addr[4];
+	__u16 port; // network order
+	__u8 proto; // IPPROTO_TCP or IPPROTO_UDP
+	__u8 pad;
+};
+
+struct svc_val {
+	__u32 id;    // the Service port's slot table
+	__u32 count; // slots in it, >= 1
+};
+
+struct slot_key {
+	__u32 id;
+	__u32 slot;
+};
+
+struct backend {
+	__u32 addr[4];
+	__u16 port; // network order
+	__u16 pad;
+};
+
+struct revnat_key {
+	__u64 cookie;
+	__u32 addr[4];
+	__u16 port;
+	__u16 pad;
+	__u32 pad2;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct svc_key);
+	__type(value, struct svc_val);
+} services SEC(".maps");
+
+// Filled on demand: a table has as many entries as its slots.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1 << 20);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct slot_key);
+	__type(value, struct backend);
+} slots SEC(".maps");
+
+// What a socket was sent to instead of the VIP: recvmsg and getpeername
+// show the VIP again. LRU: a socket that outlives its entry shows the pod.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct revnat_key);
+	__type(value, struct backend);
+} revnat SEC(".maps");
+
+static __always_inline void v4_mapped(__u32 addr[4], __u32 ip4)
+{
+	addr[0] = 0;
+	addr[1] = 0;
+	addr[2] = bpf_htonl(0xffff);
+	addr[3] = ip4;
+}
+
+// The four words of an IPv6 address in bpf_sock_addr (32-bit accesses
+// only, as the verifier wants them).
+static __always_inline void load6(__u32 addr[4], struct bpf_sock_addr *ctx)
+{
+	addr[0] = ctx->user_ip6[0];
+	addr[1] = ctx->user_ip6[1];
+	addr[2] = ctx->user_ip6[2];
+	addr[3] = ctx->user_ip6[3];
+}
+
+static __always_inline void store6(struct bpf_sock_addr *ctx, const __u32 addr[4])
+{
+	ctx->user_ip6[0] = addr[0];
+	ctx->user_ip6[1] = addr[1];
+	ctx->user_ip6[2] = addr[2];
+	ctx->user_ip6[3] = addr[3];
+}
+
+// pick returns the backend for the VIP in key, or NULL (not ours: the
+// packet goes on to the nftables rules unchanged).
+static __always_inline struct backend *pick(struct svc_key *key)
+{
+	struct svc_val *svc = bpf_map_lookup_elem(&services, key);
+	if (!svc || svc->count == 0)
+		return NULL;
+	struct slot_key sk = {
+		.id = svc->id,
+		.slot = bpf_get_prandom_u32() % svc->count,
+	};
+	return bpf_map_lookup_elem(&slots, &sk);
+}
+
+static __always_inline void remember(void *ctx, struct backend *be, struct svc_key *vip)
+{
+	struct revnat_key rk = {.cookie = bpf_get_socket_cookie(ctx), .port = be->port};
+	struct backend orig = {.port = vip->port};
+	__builtin_memcpy(rk.addr, be->addr, sizeof(rk.addr));
+	__builtin_memcpy(orig.addr, vip->addr, sizeof(orig.addr));
+	bpf_map_update_elem(&revnat, &rk, &orig, BPF_ANY);
+}
+
+static __always_inline __u8 l4proto(struct bpf_sock_addr *ctx)
+{
+	if (ctx->type == SOCK_STREAM)
+		return IPPROTO_TCP;
+	if (ctx->type == SOCK_DGRAM)
+		return IPPROTO_UDP;
+	return 0;
+}
+
+// at_connect: a connected UDP socket is left to the nftables rules. Its
+// backend would be fixed for the socket's life, and nothing closes it when
+// that pod leaves (no conntrack entry to flush; bpf_sock_destroy needs
+// 6.5 and an iterator per network namespace): through the VIP, the
+// agent's conntrack cleanup moves the flow. Unconnected sends choose
+// again at each sendmsg().
+static __always_inline int skip(__u8 proto, int at_connect)
+{
+	return !proto || (at_connect && proto == IPPROTO_UDP);
+}
+
+static __always_inline int xlate4(struct bpf_sock_addr *ctx, int at_connect)
+{
+	struct svc_key key = {.port = (__u16)ctx->user_port, .proto = l4proto(ctx)};
+	if (skip(key.proto, at_connect))
+		return 1;
+	v4_mapped(key.addr, ctx->user_ip4);
+	struct backend *be = pick(&key);
+	if (!be)
+		return 1;
+	ctx->user_ip4 = be->addr[3];
+	ctx->user_port = be->port;
+	remember(ctx, be, &key);
+	return 1;
+}
+
+static __always_inline int xlate6(struct bpf_sock_addr *ctx, int at_connect)
+{
+	struct svc_key key = {.port = (__u16)ctx->user_port, .proto = l4proto(ctx)};
+	if (skip(key.proto, at_connect))
+		return 1;
+	load6(key.addr, ctx);
+	struct backend *be = pick(&key);
+	if (!be)
+		return 1;
+	store6(ctx, be->addr);
+	ctx->user_port = be->port;
+	remember(ctx, be, &key);
+	return 1;
+}
+
+// rev4/rev6 put the VIP back where the socket sees its peer.
+static __always_inline int rev4(struct bpf_sock_addr *ctx)
+{
+	struct revnat_key rk = {.cookie = bpf_get_socket_cookie(ctx), .port = (__u16)ctx->user_port};
+	v4_mapped(rk.addr, ctx->user_ip4);
+	struct backend *vip = bpf_map_lookup_elem(&revnat, &rk);
+	if (!vip)
+		return 1;
+	ctx->user_ip4 = vip->addr[3];
+	ctx->user_port = vip->port;
+	return 1;
+}
+
+static __always_inline int rev6(struct bpf_sock_addr *ctx)
+{
+	struct revnat_key rk = {.cookie = bpf_get_socket_cookie(ctx), .port = (__u16)ctx->user_port};
+	load6(rk.addr, ctx);
+	struct backend *vip = bpf_map_lookup_elem(&revnat, &rk);
+	if (!vip)
+		return 1;
+	store6(ctx, vip->addr);
+	ctx->user_port = vip->port;
+	return 1;
+}
+
+SEC("cgroup/connect4")
+int sy_connect4(struct bpf_sock_addr *ctx) { return xlate4(ctx, 1); }
+
+SEC("cgroup/connect6")
+int sy_connect6(struct bpf_sock_addr *ctx) { return xlate6(ctx, 1); }
+
+SEC("cgroup/sendmsg4")
+int sy_sendmsg4(struct bpf_sock_addr *ctx) { return xlate4(ctx, 0); }
+
+SEC("cgroup/sendmsg6")
+int sy_sendmsg6(struct bpf_sock_addr *ctx) { return xlate6(ctx, 0); }
+
+SEC("cgroup/recvmsg4")
+int sy_recvmsg4(struct bpf_sock_addr *ctx) { return rev4(ctx); }
+
+SEC("cgroup/recvmsg6")
+int sy_recvmsg6(struct bpf_sock_addr *ctx) { return rev6(ctx); }
+
+SEC("cgroup/getpeername4")
+int sy_getpeername4(struct bpf_sock_addr *ctx) { return rev4(ctx); }
+
+SEC("cgroup/getpeername6")
+int sy_getpeername6(struct bpf_sock_addr *ctx) { return rev6(ctx); }

@@ -1,0 +1,306 @@
+package ebpf
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/steelyard-net/steelyard/dataplane"
+	"github.com/steelyard-net/steelyard/dataplane/nftables"
+)
+
+var log = logrus.WithField("subsys", "ebpf")
+
+// Config is what the ebpf mode is constructed with.
+type Config struct {
+	// CgroupPath is the cgroup v2 directory the socket programs attach
+	// to: its processes' and its descendants' sockets are balanced
+	// (CheckCgroup).
+	CgroupPath string
+	// PinDir is the bpffs directory of the pinned maps and links
+	// (DefaultPinDir when empty).
+	PinDir string
+	// NFTables configures the nftables dataplane that serves the entry
+	// points no local socket starts.
+	NFTables nftables.Config
+}
+
+// kernel is the socket programs' state shared by both families: one set
+// of maps holds IPv4 and IPv6 VIPs.
+type kernel struct {
+	cfg Config
+	mu  sync.Mutex
+	m   *maps // loaded and attached at the first Sync
+	// read opens the maps for explain (false: none yet), and unload
+	// removes everything; in memory for NewDualStackMem.
+	read   func() (*maps, bool, error)
+	unload func() error
+}
+
+// Proxier is one family of the ebpf mode: the nftables Proxier of the
+// family plus that family's entries of the socket programs' maps.
+type Proxier struct {
+	family int
+	nft    dataplane.Dataplane
+	k      *kernel
+	// unloads is set on the IPv4 half: its Cleanup, which runs last,
+	// detaches the programs and unpins the maps.
+	unloads bool
+}
+
+var _ dataplane.Dataplane = (*Proxier)(nil)
+
+// NewDualStackKernel returns the ebpf mode over the running kernel. It
+// writes nothing: the programs are loaded and attached at the first Sync.
+func NewDualStackKernel(cfg Config) (*dataplane.DualStack, error) {
+	if cfg.PinDir == "" {
+		cfg.PinDir = DefaultPinDir
+	}
+	if err := CheckCgroup(cfg.CgroupPath); err != nil {
+		return nil, err
+	}
+	nft, err := nftables.NewDualStackKernel(cfg.NFTables)
+	if err != nil {
+		return nil, err
+	}
+	return newDualStack(nft, cfg), nil
+}
+
+func newDualStack(nft *dataplane.DualStack, cfg Config) *dataplane.DualStack {
+	k := &kernel{cfg: cfg,
+		read:   func() (*maps, bool, error) { return openPinned(cfg.PinDir) },
+		unload: func() error { return unload(cfg.PinDir) },
+	}
+	return k.dualStack(nft)
+}
+
+// NewDualStackMem returns the ebpf mode over nft (nftables fakes) with its
+// maps in memory (MemMap): for tests of what is written, without a kernel.
+func NewDualStackMem(nft *dataplane.DualStack) *dataplane.DualStack {
+	m := &maps{services: NewMemMap(svcKeySize, svcValSize, 65536), slots: NewMemMap(slotKeySize, backendSize, 1<<22)}
+	k := &kernel{m: m,
+		read: func() (*maps, bool, error) { return m, true, nil },
+		unload: func() error {
+			*m = maps{services: NewMemMap(svcKeySize, svcValSize, 65536), slots: NewMemMap(slotKeySize, backendSize, 1<<22)}
+			return nil
+		},
+	}
+	return k.dualStack(nft)
+}
+
+func (k *kernel) dualStack(nft *dataplane.DualStack) *dataplane.DualStack {
+	v4 := &Proxier{family: 4, nft: nft.Family(4), k: k, unloads: true}
+	var v6 dataplane.Dataplane
+	if nft.IPv6() {
+		v6 = &Proxier{family: 6, nft: nft.Family(6), k: k}
+	}
+	return dataplane.NewDualStack(v4, v6)
+}
+
+// Cleanup removes what the ebpf mode may have left under pinDir (the
+// programs detached, the maps unpinned) and the nftables tables, without
+// needing a cgroup: `steelyard cleanup --mode ebpf`.
+func Cleanup(pinDir string, nft nftables.Config) error {
+	if pinDir == "" {
+		pinDir = DefaultPinDir
+	}
+	d, err := nftables.NewDualStackKernel(nft)
+	if err != nil {
+		return err
+	}
+	return errors.Join(d.Cleanup(), unload(pinDir))
+}
+
+// Unload detaches the programs and unpins the maps of pinDir (default
+// DefaultPinDir), leaving the nftables tables: a node switched to
+// --mode nftables keeps them while the socket programs go.
+func Unload(pinDir string) error {
+	if pinDir == "" {
+		pinDir = DefaultPinDir
+	}
+	return unload(pinDir)
+}
+
+// maps returns the loaded maps, loading and attaching at the first call.
+func (k *kernel) maps() (*maps, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.m != nil {
+		return k.m, nil
+	}
+	if err := CheckCgroup(k.cfg.CgroupPath); err != nil {
+		return nil, err
+	}
+	t0 := time.Now()
+	m, err := load(k.cfg.PinDir, k.cfg.CgroupPath)
+	if err != nil {
+		return nil, err
+	}
+	// took: loading (the verifier) and attaching (the kernel's cgroup
+	// lock, shared with every cgroup change on the machine).
+	log.WithFields(logrus.Fields{"cgroup": k.cfg.CgroupPath, "pins": k.cfg.PinDir, "took": time.Since(t0).Round(time.Millisecond)}).
+		Info("socket programs attached")
+	k.m = m
+	return m, nil
+}
+
+// Sync implements dataplane.Dataplane: the nftables rules first (they
+// carry every entry point, the clusterIPs too, for sockets outside the
+// cgroup), then the family's tables. The tables are compared whole at
+// every Sync: reading them back is cheap next to the nft transaction.
+func (p *Proxier) Sync(s dataplane.State, req dataplane.SyncRequest) (dataplane.SyncResult, error) {
+	res, err := p.nft.Sync(s, req)
+	if err != nil {
+		return res, err
+	}
+	m, err := p.k.maps()
+	if err != nil {
+		return res, err
+	}
+	changed, err := syncTables(m, desiredTables(s), p.family)
+	if err != nil {
+		return res, fmt.Errorf("socket tables: %w", err)
+	}
+	if changed > 0 {
+		log.WithField("family", p.family).WithField("ports", changed).Debug("socket tables written")
+	}
+	return res, nil
+}
+
+// ErrNotCounted is what Counts returns: the socket programs choose a
+// backend at connect() and count nothing yet, so the counts of the
+// nftables half alone (node ports, sockets outside the cgroup) would show
+// a split that is not the one clients get (issue 23 asks for map
+// counters here; docs/dataplanes.md).
+var ErrNotCounted = errors.New("ebpf mode: the backends chosen at the socket are not counted yet")
+
+// Counts implements dataplane.Dataplane: not yet (ErrNotCounted).
+func (p *Proxier) Counts() ([]dataplane.EndpointCount, error) {
+	return nil, ErrNotCounted
+}
+
+// Explain implements dataplane.Dataplane: the nftables views, with the
+// clusterIP shares of every VIP the socket programs serve taken from the
+// slot table the kernel holds (a socket in the cgroup never reaches the
+// nftables clusterIP rules).
+func (p *Proxier) Explain() ([]dataplane.ServiceView, error) {
+	views, err := p.nft.Explain()
+	if err != nil {
+		return nil, err
+	}
+	m, ok, err := p.k.read()
+	if err != nil || !ok {
+		return views, err
+	}
+	if m != p.k.m {
+		defer m.Close()
+	}
+	live, _, _, err := liveTables(m)
+	if err != nil {
+		return nil, err
+	}
+	return mergeViews(views, live, p.family), nil
+}
+
+// Cleanup implements dataplane.Dataplane.
+func (p *Proxier) Cleanup() error {
+	err := p.nft.Cleanup()
+	if !p.unloads {
+		return err
+	}
+	p.k.mu.Lock()
+	defer p.k.mu.Unlock()
+	if p.k.m != nil && p.k.cfg.PinDir != "" {
+		p.k.m.Close()
+		p.k.m = nil
+	}
+	return errors.Join(err, p.k.unload())
+}
+
+// mergeViews replaces the backends of the clusterIP views that live has a
+// table for (of the family) with the table's shares.
+func mergeViews(views []dataplane.ServiceView, live map[svcKey]table, family int) []dataplane.ServiceView {
+	seen := map[svcKey]bool{}
+	for i := range views {
+		v := &views[i]
+		if v.Entry != "" && v.Entry != dataplane.EntryClusterIP {
+			continue
+		}
+		ip, err := netip.ParseAddr(v.VIP)
+		if err != nil {
+			continue
+		}
+		key, ok := svcKeyOf(dataplane.VIP{IP: ip, Port: v.Port, Protocol: v.Protocol})
+		if !ok {
+			continue
+		}
+		t, ok := live[key]
+		if !ok {
+			continue
+		}
+		seen[key] = true
+		applyTable(v, t)
+	}
+	for key, t := range live {
+		if seen[key] || familyOf(key.Addr) != family {
+			continue
+		}
+		v := dataplane.ServiceView{VIP: key.Addr.String(), Port: key.Port, Protocol: key.protocol(), Entry: dataplane.EntryClusterIP}
+		applyTable(&v, t)
+		v.Problems = append(v.Problems, "a socket table for a VIP the nftables rules do not know")
+		views = append(views, v)
+	}
+	dataplane.SortViews(views)
+	return views
+}
+
+// applyTable sets v's backends to the shares of t's slots.
+func applyTable(v *dataplane.ServiceView, t table) {
+	counts := map[netip.AddrPort]int{}
+	missing := 0
+	for _, s := range t.slots {
+		if !s.Addr.IsValid() || s.Addr.IsUnspecified() {
+			missing++
+			continue
+		}
+		counts[s.addrPort()]++
+	}
+	v.Backends = []dataplane.BackendView{}
+	v.Reject, v.Drop = false, false
+	for ap, c := range counts {
+		v.Backends = append(v.Backends, dataplane.BackendView{IP: ap.Addr().String(), Port: ap.Port(),
+			Share: dataplane.RoundShare(100 * float64(c) / float64(len(t.slots)))})
+	}
+	if len(t.slots) == MaxSlots {
+		// Fill's largest-remainder table: within one slot of the weights.
+		v.ShareBound = 100.0 / MaxSlots
+	}
+	if missing > 0 {
+		v.Problems = append(v.Problems, fmt.Sprintf("%d of %d slots missing from the table", missing, len(t.slots)))
+	}
+}
+
+func familyOf(a netip.Addr) int {
+	if a.Is4() {
+		return 4
+	}
+	return 6
+}
+
+// NewDualStackReader returns the ebpf mode for explain and verify: it
+// reads the pinned maps and the nftables rules and needs no cgroup. Its
+// Sync fails.
+func NewDualStackReader(cfg Config) (*dataplane.DualStack, error) {
+	if cfg.PinDir == "" {
+		cfg.PinDir = DefaultPinDir
+	}
+	nft, err := nftables.NewDualStackKernel(cfg.NFTables)
+	if err != nil {
+		return nil, err
+	}
+	return newDualStack(nft, cfg), nil
+}

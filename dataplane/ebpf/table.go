@@ -1,0 +1,198 @@
+package ebpf
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/steelyard-net/steelyard/dataplane"
+)
+
+// table is one Service port's entry as the socket programs see it: the
+// VIP and its slots, each naming a backend.
+type table struct {
+	key   svcKey
+	slots []backendVal
+}
+
+// socketServed reports whether the socket programs choose the backends of
+// sp's clusterIP (for TCP connects and unconnected UDP sends; connected
+// UDP sockets go through nftables, see bpf/socklb.c). The others go through the maps untouched and the
+// nftables rules (which carry every clusterIP as well) serve them:
+// sessionAffinity ClientIP (the client's address is not known at
+// connect() yet), a reject share (Gateway API invalid backendRefs), no
+// backend for internal traffic (rejected or dropped by nftables), SCTP.
+func socketServed(sp *dataplane.ServicePort) bool {
+	_, ok := svcKeyOf(sp.VIP)
+	return ok && sp.AffinitySeconds == 0 && sp.RejectWeight == 0 && len(sp.InternalBackends()) > 0
+}
+
+// desiredTables returns the tables of the Service ports of s that the
+// socket programs serve.
+func desiredTables(s dataplane.State) map[svcKey]table {
+	out := map[svcKey]table{}
+	for i := range s.Services {
+		sp := &s.Services[i]
+		if !socketServed(sp) {
+			continue
+		}
+		key, _ := svcKeyOf(sp.VIP)
+		bs := sp.InternalBackends()
+		weights := make([]float64, len(bs))
+		for j, b := range bs {
+			weights[j] = b.Weight
+		}
+		counts, n := Fill(weights)
+		t := table{key: key, slots: make([]backendVal, 0, n)}
+		for j, b := range bs {
+			for range counts[j] {
+				t.slots = append(t.slots, backendVal{Addr: b.IP, Port: b.Port})
+			}
+		}
+		out[key] = t
+	}
+	return out
+}
+
+// liveTables reads the services and slots maps back. A services entry
+// whose table has a missing slot comes back with that slot invalid.
+func liveTables(m *maps) (map[svcKey]table, map[svcKey]svcVal, map[uint32][]uint32, error) {
+	vals := map[svcKey]svcVal{}
+	var k svcKey
+	var v svcVal
+	if err := m.services.Each(&k, &v, func() { vals[k] = v }); err != nil {
+		return nil, nil, nil, fmt.Errorf("read services: %w", err)
+	}
+	byID := map[uint32]map[uint32]backendVal{}
+	ids := map[uint32][]uint32{} // every table in the slots map, with its slots
+	var sk slotKey
+	var b backendVal
+	err := m.slots.Each(&sk, &b, func() {
+		if byID[sk.ID] == nil {
+			byID[sk.ID] = map[uint32]backendVal{}
+		}
+		byID[sk.ID][sk.Slot] = b
+		ids[sk.ID] = append(ids[sk.ID], sk.Slot)
+	})
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("read slots: %w", err)
+	}
+	out := map[svcKey]table{}
+	for key, v := range vals {
+		t := table{key: key, slots: make([]backendVal, v.Count)}
+		for i := range t.slots {
+			t.slots[i] = byID[v.ID][uint32(i)]
+		}
+		out[key] = t
+	}
+	return out, vals, ids, nil
+}
+
+// syncTables makes the maps hold want for the IP family. Each changed port gets its table
+// written under a fresh ID first and then switches to it with one update
+// of its services entry, so a connect() sees the old table or the new,
+// never a mix; then the old table is deleted. A failure leaves every
+// port on a complete table (the old or the new one).
+func syncTables(m *maps, want map[svcKey]table, family int) (changed int, err error) {
+	live, vals, ids, err := liveTables(m)
+	if err != nil {
+		return 0, err
+	}
+	used := map[uint32]bool{}
+	for id := range ids {
+		used[id] = true
+	}
+	for key, v := range vals {
+		used[v.ID] = true
+		if familyOf(key.Addr) != family {
+			// The other family's Sync owns it.
+			delete(vals, key)
+			delete(live, key)
+		}
+	}
+	next := uint32(1)
+	freshID := func() uint32 {
+		for used[next] {
+			next++
+		}
+		used[next] = true
+		return next
+	}
+	var errs []error
+	for key, t := range want {
+		if l, ok := live[key]; ok && slices.Equal(l.slots, t.slots) {
+			continue
+		}
+		id := freshID()
+		if err := writeTable(m, id, t.slots); err != nil {
+			deleteTable(m, id, len(t.slots))
+			errs = append(errs, fmt.Errorf("%s: %w", key.String(), err))
+			continue
+		}
+		if err := m.services.Put(key, svcVal{ID: id, Count: uint32(len(t.slots))}); err != nil {
+			deleteTable(m, id, len(t.slots))
+			errs = append(errs, fmt.Errorf("%s: %w", key.String(), err))
+			continue
+		}
+		changed++
+		if old, ok := vals[key]; ok {
+			deleteSlots(m, old.ID, ids[old.ID])
+			delete(ids, old.ID)
+		}
+	}
+	for key, v := range vals {
+		if _, ok := want[key]; ok {
+			continue
+		}
+		if err := m.services.Delete(key); err != nil {
+			errs = append(errs, fmt.Errorf("delete %s: %w", key.String(), err))
+			continue
+		}
+		changed++
+		deleteSlots(m, v.ID, ids[v.ID])
+		delete(ids, v.ID)
+	}
+	// Tables no entry names any more (a crash between writing one and
+	// switching to it).
+	referenced := map[uint32]bool{}
+	var k svcKey
+	var v svcVal
+	if err := m.services.Each(&k, &v, func() { referenced[v.ID] = true }); err != nil {
+		errs = append(errs, fmt.Errorf("read services: %w", err))
+	} else {
+		for id, slots := range ids {
+			if !referenced[id] {
+				deleteSlots(m, id, slots)
+			}
+		}
+	}
+	return changed, errors.Join(errs...)
+}
+
+func writeTable(m *maps, id uint32, slots []backendVal) error {
+	for i := range slots {
+		if err := m.slots.Put(slotKey{ID: id, Slot: uint32(i)}, slots[i]); err != nil {
+			return fmt.Errorf("slot %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+func deleteTable(m *maps, id uint32, n int) {
+	slots := make([]uint32, n)
+	for i := range slots {
+		slots[i] = uint32(i)
+	}
+	deleteSlots(m, id, slots)
+}
+
+func deleteSlots(m *maps, id uint32, slots []uint32) {
+	for _, s := range slots {
+		_ = m.slots.Delete(slotKey{ID: id, Slot: s})
+	}
+}
+
+// String renders the key like a VIP.
+func (k svcKey) String() string {
+	return dataplane.VIP{IP: k.Addr, Port: k.Port, Protocol: k.protocol()}.String()
+}
