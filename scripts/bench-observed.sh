@@ -11,19 +11,22 @@
 # timed read of every count.
 #
 #   SERVICES=10000  DATAPLANES="nftables iptables-legacy iptables-nft"  LIMIT=1500
+#   COUNTING="false true"  (one of them: half a pair, to run the halves
+#   side by side; append the off point before the on point)
 #   OUT=docs/bench-observed.jsonl
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SERVICES=${SERVICES:-10000}
 DATAPLANES=${DATAPLANES:-nftables iptables-legacy iptables-nft}
 LIMIT=${LIMIT:-1500}
+COUNTING=${COUNTING:-false true}
 OUT=${OUT:-docs/bench-observed.jsonl}
 ns="syobs$$"
 go build -o bin/scale-bench ./test/bench/scale
 results=$(mktemp)
 trap 'ip netns del "$ns" 2>/dev/null || true; rm -f "$results"' EXIT INT TERM
 for dp in $DATAPLANES; do
-	for count in false true; do
+	for count in $COUNTING; do
 		ip netns add "$ns"
 		if ! timeout "$LIMIT" ip netns exec "$ns" bin/scale-bench -dataplane "$dp" -services "$SERVICES" -count-connections="$count" >>"$results"; then
 			echo "$dp at $SERVICES Services (counting $count): did not finish within ${LIMIT}s" >&2

@@ -35,6 +35,8 @@ type Config struct {
 	LocalhostNodePorts bool
 	// NFAcct, with LocalhostNodePorts, counts accepted localhost node port
 	// connections in the nfacct object LocalhostCounter; nil: no count.
+	// Cleanup deletes through it the per-endpoint objects older releases
+	// made.
 	NFAcct nfacct.Interface
 	// CountConnections is --count-connections. The rules are the same
 	// either way: each endpoint's DNAT rule counts its new connections in

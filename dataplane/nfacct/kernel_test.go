@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -187,5 +188,60 @@ func TestKernelDeleteInUse(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// BenchmarkKernelEnsure times creating n objects in a fresh namespace,
+// all over one socket (Ensure(names...)) and one socket per object (the
+// release before batching), then deleting them in reverse order of
+// creation (each delete walks the kernel's list to its object):
+//
+//	go test -tags e2e -run X -bench KernelEnsure -benchtime 1x ./dataplane/nfacct/
+//
+// Both grow as n^2: the kernel walks its list of a namespace's objects
+// for every create (the duplicate check), delete and -m nfacct rule check.
+func BenchmarkKernelEnsure(b *testing.B) {
+	for _, n := range []int{2500, 5000, 10000, 20000} {
+		for _, batched := range []bool{true, false} {
+			name := fmt.Sprintf("n=%d/one-socket-each", n)
+			if batched {
+				name = fmt.Sprintf("n=%d/one-socket", n)
+			}
+			b.Run(name, func(b *testing.B) {
+				for range b.N {
+					err := inNetns(func() error {
+						ns := names("sy-ep-", n)
+						start := time.Now()
+						if batched {
+							if err := (Kernel{}).Ensure(ns...); err != nil {
+								return err
+							}
+						} else {
+							for _, x := range ns {
+								if err := (Kernel{}).Ensure(x); err != nil {
+									return err
+								}
+							}
+						}
+						b.ReportMetric(time.Since(start).Seconds(), "create-s")
+						start = time.Now()
+						if l, err := (Kernel{}).List(); err != nil || len(l) != n {
+							return fmt.Errorf("listed %d, %v", len(l), err)
+						}
+						b.ReportMetric(time.Since(start).Seconds(), "list-s")
+						slices.Reverse(ns)
+						start = time.Now()
+						if err := (Kernel{}).Delete(ns...); err != nil {
+							return err
+						}
+						b.ReportMetric(time.Since(start).Seconds(), "delete-reverse-s")
+						return nil
+					})
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 	}
 }
