@@ -135,8 +135,8 @@ func openIPTablesMode(f *dataplaneFlags, env modeEnv) (*dataplane.DualStack, err
 		return nil, err
 	}
 	log.WithField("iptables", mode).Debug("using iptables")
-	// nfacct counts localhost node ports and, with --count-connections,
-	// endpoints; Counts reads it whatever the flags.
+	// nfacct counts localhost node ports; endpoints are counted by their
+	// DNAT rules, which Counts reads whatever the flags.
 	cfg := iptables.Config{Masquerade: env.masquerade, NodeAddresses: env.nodeAddresses, LocalhostNodePorts: f.localhostNodePorts,
 		NFAcct: nfacct.Kernel{}, CountConnections: f.countConnections}
 	ipt6 := ip6tablesWorks(mode, "iptables mode")

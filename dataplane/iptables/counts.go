@@ -6,88 +6,54 @@ import (
 	"strings"
 
 	"github.com/steelyard-net/steelyard/dataplane"
+	"github.com/steelyard-net/steelyard/dataplane/nfacct"
 )
 
-// Counting new connections per endpoint (issue 23). The DNAT rule of each
-// endpoint chain names an nfacct object, "sy-ep-" and the chain's hash:
-// nat rules see only the first packet of a connection, so the object's
-// packet count is the endpoint's count of new connections. A rule's own
-// counter would not do: iptables-restore resets it whenever the chain is
-// rewritten. The object is created before the restore that first names it
-// (a missing one fails the restore) and deleted after the one that removes
-// the chain; its count survives every rewrite in between (weights change
-// only the split chain) and agent restarts.
+// Counting new connections per endpoint (issue 23): the DNAT rule of each
+// endpoint chain counts, in its own packet counter, the first packet of
+// each connection it sends there (nat rules see only that packet), so the
+// counter is the endpoint's count of new connections. Reading every count
+// is one iptables-save -c of the nat table.
+//
+// The counter outlives every restore that leaves the endpoint chain alone:
+// iptables-restore --noflush carries the counters of untouched rules over
+// (legacy: libiptc adds the old counters back after replacing the table;
+// nft: the rules are not touched), and a sync writes only the chains whose
+// rules changed. An endpoint chain's rules depend only on its name (the
+// hash of Service port, protocol and endpoint) but for session affinity,
+// so its count resets only when affinity is turned on or off or a full
+// sync repairs a hand edit of the chain; Prometheus' rate() reads a reset
+// as one. Agent restarts keep the counts (the full sync finds the chains
+// in place).
+//
+// Until this commit each endpoint had an nfacct object instead. The kernel
+// keeps those in one list per namespace and finds a name by walking it
+// (creation, deletion, and each -m nfacct rule an iptables-legacy restore
+// checks: every rule of the table, at every sync), so 100,000 endpoints
+// cost about 10^10 name comparisons per sync: measured 6.7 s for 20,000
+// creations, 4x 10,000's, and the 10,000-Service benchmark never finished
+// (docs/benchmarks.md). A rule counter costs nothing at sync time.
 
-// counterPrefix starts the name of every endpoint counter.
-const counterPrefix = "sy-ep-"
-
-// EndpointCounter is the nfacct object of endpoint chain sep: 20
-// characters, under nfacct's 31.
-func EndpointCounter(sep Chain) string {
-	return counterPrefix + strings.TrimPrefix(string(sep), sepPrefix)
-}
-
-// counting reports whether endpoint rules name their counter.
-func (c Config) counting() bool { return c.CountConnections && c.NFAcct != nil }
-
-// ensureEndpointCounters creates the counters of the endpoint chains a
-// restore writes; existing ones keep their counts.
-func (p *Proxier) ensureEndpointCounters(chains []Chain) error {
-	if !p.cfg.counting() {
-		return nil
-	}
-	for _, c := range chains {
-		if !strings.HasPrefix(string(c), sepPrefix) {
-			continue
-		}
-		if err := p.cfg.NFAcct.Ensure(EndpointCounter(c)); err != nil {
-			return fmt.Errorf("connection counting (--count-connections) needs nfacct: %w", err)
-		}
-	}
-	return nil
-}
-
-// deleteEndpointCounters deletes the counters of endpoint chains a
-// restore removed: in a Sync while counting, and in Cleanup (counters
-// left by a run that counted; turning counting off leaves them until
-// then). A failure is logged only: the count stays behind,
-// unused, and goes at the next removal or cleanup.
-func (p *Proxier) deleteEndpointCounters(chains []Chain) {
-	if p.cfg.NFAcct == nil {
-		return
-	}
-	for _, c := range chains {
-		if !strings.HasPrefix(string(c), sepPrefix) {
-			continue
-		}
-		if err := p.cfg.NFAcct.Delete(EndpointCounter(c)); err != nil {
-			log.WithError(err).WithField("chain", c).Debug("endpoint counter not deleted")
-		}
-	}
-}
+// legacyCounterPrefix starts the names of the nfacct objects that older
+// releases made per endpoint; Cleanup deletes any left.
+const legacyCounterPrefix = "sy-ep-"
 
 // Counts implements dataplane.Dataplane: the counter of each endpoint
-// chain's DNAT rule, read from the live rules and one nfacct dump. Rules without a
-// counter (counting off) give no count.
+// chain's DNAT rule, from one iptables-save -c of the nat table. The rules
+// count whatever the flags (like IPVS's statistics); --count-connections
+// only makes the agent export them.
 func (p *Proxier) Counts() ([]dataplane.EndpointCount, error) {
-	rs, err := p.liveRuleset()
+	saved, err := p.ipt.SaveCounters(TableNAT)
 	if err != nil {
 		return nil, err
+	}
+	rs, err := ParseRuleset(saved)
+	if err != nil {
+		return nil, fmt.Errorf("parse iptables-save -c: %w", err)
 	}
 	nat := rs.Tables[TableNAT]
 	if nat == nil {
 		return nil, nil
-	}
-	if p.cfg.NFAcct == nil {
-		return nil, nil
-	}
-	objs, err := p.cfg.NFAcct.List()
-	if err != nil {
-		return nil, err
-	}
-	packets := make(map[string]uint64, len(objs))
-	for _, o := range objs {
-		packets[o.Name] = o.Packets
 	}
 	var out []dataplane.EndpointCount
 	for _, c := range nat.Order {
@@ -95,19 +61,43 @@ func (p *Proxier) Counts() ([]dataplane.EndpointCount, error) {
 			continue
 		}
 		for _, r := range nat.Chains[c].Rules {
-			if r.NFAcct == "" || r.Jump != "DNAT" {
+			if r.Jump != "DNAT" {
 				continue
 			}
 			ep, err := netip.ParseAddrPort(r.TargetArgs["--to-destination"])
 			if err != nil {
 				return nil, fmt.Errorf("chain %s: DNAT to %q: %w", c, r.TargetArgs["--to-destination"], err)
 			}
-			n, ok := packets[r.NFAcct]
-			if !ok {
-				continue // removed between the save and the list
-			}
-			out = append(out, dataplane.EndpointCount{Service: r.Comment, Protocol: dataplane.Protocol(strings.ToUpper(r.Protocol)), Endpoint: ep, NewConnections: n})
+			out = append(out, dataplane.EndpointCount{Service: r.Comment, Protocol: dataplane.Protocol(strings.ToUpper(r.Protocol)), Endpoint: ep, NewConnections: r.Packets})
 		}
 	}
 	return dataplane.MergeCounts(out), nil
+}
+
+// deleteLegacyCounters deletes the per-endpoint nfacct objects an older
+// release left, once Cleanup removed the rules that named them. They are
+// deleted in the kernel's list order (the dump's), so each one is found
+// at the head of the list instead of after a walk of the others.
+func deleteLegacyCounters(acct nfacct.Interface) {
+	if acct == nil {
+		return
+	}
+	objs, err := acct.List()
+	if err != nil {
+		log.WithError(err).Debug("nfacct objects not listed")
+		return
+	}
+	var names []string
+	for _, o := range objs {
+		if strings.HasPrefix(o.Name, legacyCounterPrefix) {
+			names = append(names, o.Name)
+		}
+	}
+	if err := acct.Delete(names...); err != nil {
+		log.WithError(err).Warn("endpoint nfacct objects of an older release not deleted")
+		return
+	}
+	if len(names) > 0 {
+		log.WithField("objects", len(names)).Info("deleted the endpoint nfacct objects of an older release")
+	}
 }

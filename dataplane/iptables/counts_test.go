@@ -1,20 +1,39 @@
 package iptables
 
 import (
-	"strings"
 	"testing"
 
 	"github.com/steelyard-net/steelyard/dataplane"
-	"github.com/steelyard-net/steelyard/dataplane/nfacct"
 )
 
-// The endpoint counters' life: created before the restore that names
-// them, kept through a weight change and a full resync, deleted with the
-// endpoint, read back by Counts from the live rules.
-func TestEndpointCounters(t *testing.T) {
-	acct := &fakeAcct{}
+// countDNAT adds n to the packet counter of the DNAT rule of endpoint b's
+// chain, as n new connections through it would.
+func countDNAT(t *testing.T, f *Fake, sp dataplane.ServicePort, b dataplane.Backend, n uint64) {
+	t.Helper()
+	sep := EndpointChain(sp.Name, sp.VIP.Protocol, b)
+	c := f.Ruleset().Chain(TableNAT, sep)
+	if c == nil {
+		t.Fatalf("no chain %s", sep)
+	}
+	for i, r := range c.Rules {
+		if r.Jump == "DNAT" {
+			if err := f.Count(TableNAT, sep, i, n); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+	t.Fatalf("no DNAT rule in %s", sep)
+}
+
+// The endpoint counts' life: the DNAT rule's own counter, read by Counts
+// from one iptables-save -c; kept through a weight change, a full resync
+// after a flush and an agent restart (the fake kernel zeroes the counters
+// of a chain a restore rewrites, as the kernel does, so a needless
+// rewrite fails here); gone with the endpoint.
+func TestEndpointCounts(t *testing.T) {
 	cfg := parityCfg
-	cfg.NFAcct, cfg.CountConnections = acct, true
+	cfg.CountConnections = true
 	f := NewFake()
 	p := NewProxier(f, cfg)
 	web := svcPort("ns", "web", "http", "198.18.0.10", 80, dataplane.TCP, be("198.19.1.2", 8080, 10), be("198.19.1.3", 8080, 90))
@@ -25,36 +44,16 @@ func TestEndpointCounters(t *testing.T) {
 		}
 	}
 	sync(dataplane.FullSync, web)
-	names := map[string]string{}
-	for _, b := range web.Backends {
-		n := EndpointCounter(EndpointChain(web.Name, web.VIP.Protocol, b))
-		if len(n) > nfacct.MaxNameLen {
-			t.Errorf("counter %s: %d characters, nfacct takes %d", n, len(n), nfacct.MaxNameLen)
-		}
-		names[b.Addr().String()] = n
-	}
-	for ep, n := range names {
-		if _, err := acct.Get(n); err != nil {
-			t.Errorf("counter of %s not created: %v", ep, err)
-		}
-	}
-	saved, _ := f.SaveAll()
-	if got := strings.Count(string(saved), "-m nfacct --nfacct-name "+counterPrefix); got != 2 {
-		t.Errorf("%d DNAT rules name a counter, want 2:\n%s", got, saved)
-	}
-	// The views still agree with the desired state (the match counts, it
-	// does not filter).
-	views, err := p.Explain()
-	if err != nil {
+	// Counting changes no rule: the same ruleset as with it off (the
+	// counters are always there; the flag only exports them).
+	off := NewFake()
+	if _, err := NewProxier(off, parityCfg).Sync(dataplane.State{Services: []dataplane.ServicePort{web}}, dataplane.FullSync); err != nil {
 		t.Fatal(err)
 	}
-	if diff := dataplane.Diff(dataplane.Expected(dataplane.State{Services: []dataplane.ServicePort{web}}), views); len(diff) > 0 {
-		t.Errorf("views with counters:\n%s", strings.Join(diff, "\n"))
+	on, _ := f.SaveAll()
+	if saved, _ := off.SaveAll(); string(saved) != string(on) {
+		t.Errorf("counting on changed the rules:\n%s\nagainst off:\n%s", on, saved)
 	}
-
-	// The kernel counts: 3 and 27.
-	acct.objs[names["198.19.1.2:8080"]] = nfacct.Counter{Name: names["198.19.1.2:8080"], Packets: 3}
-	acct.objs[names["198.19.1.3:8080"]] = nfacct.Counter{Name: names["198.19.1.3:8080"], Packets: 27}
 	want := func(what string, counts map[string]uint64) {
 		t.Helper()
 		got, err := p.Counts()
@@ -65,43 +64,51 @@ func TestEndpointCounters(t *testing.T) {
 			t.Errorf("%s: %d counts %+v, want %v", what, len(got), got, counts)
 		}
 		for _, c := range got {
-			if c.Service != "ns/web:http" || c.Protocol != dataplane.TCP || c.NewConnections != counts[c.Endpoint.String()] {
-				t.Errorf("%s: %+v, want %s with %d", what, c, c.Endpoint, counts[c.Endpoint.String()])
+			n, ok := counts[c.Endpoint.String()]
+			if c.Service != "ns/web:http" || c.Protocol != dataplane.TCP || !ok || c.NewConnections != n {
+				t.Errorf("%s: %+v, want %s with %d", what, c, c.Endpoint, n)
 			}
 		}
 	}
+	want("before traffic", map[string]uint64{"198.19.1.2:8080": 0, "198.19.1.3:8080": 0})
+	countDNAT(t, f, web, web.Backends[0], 3)
+	countDNAT(t, f, web, web.Backends[1], 27)
 	want("after traffic", map[string]uint64{"198.19.1.2:8080": 3, "198.19.1.3:8080": 27})
 
 	// A weight change rewrites the split chain only; a full resync after
-	// a flush rewrites everything; the counters stay.
+	// a flush of the Service chain rewrites that; a new Proxier (an agent
+	// restart) finds every chain in place. The counts stay.
 	web.Backends[0].Weight = 50
 	sync(dataplane.PartialSync, web)
 	if err := f.Restore([]byte("*nat\n-F STEELYARD-SERVICES\nCOMMIT\n")); err != nil {
 		t.Fatal(err)
 	}
 	sync(dataplane.FullSync, web)
-	want("after a weight change and a full resync", map[string]uint64{"198.19.1.2:8080": 3, "198.19.1.3:8080": 27})
+	p = NewProxier(f, cfg)
+	sync(dataplane.FullSync, web)
+	want("after a weight change, a full resync and a restart", map[string]uint64{"198.19.1.2:8080": 3, "198.19.1.3:8080": 27})
 
-	// The endpoint goes: its counter goes after the restore.
+	// Session affinity rewrites the endpoint chains (their DNAT rule gains
+	// -m recent --set): the counts start again, which Prometheus' rate()
+	// reads as a counter reset.
+	web.AffinitySeconds = 600
+	sync(dataplane.PartialSync, web)
+	want("after affinity was turned on", map[string]uint64{"198.19.1.2:8080": 0, "198.19.1.3:8080": 0})
+	countDNAT(t, f, web, web.Backends[1], 5)
+
+	// The endpoint goes: its count with it.
 	web.Backends = web.Backends[1:]
 	sync(dataplane.PartialSync, web)
-	if _, err := acct.Get(names["198.19.1.2:8080"]); err != nfacct.ErrNotFound {
-		t.Errorf("counter of a removed endpoint: %v, want it deleted", err)
-	}
-	want("after the endpoint left", map[string]uint64{"198.19.1.3:8080": 27})
-
-	// Cleanup deletes the rest.
-	if err := p.Cleanup(); err != nil {
-		t.Fatal(err)
-	}
-	if len(acct.objs) != 0 {
-		t.Errorf("counters left after cleanup: %v", acct.objs)
-	}
+	want("after the endpoint left", map[string]uint64{"198.19.1.3:8080": 5})
 }
 
-// Counting off: no rule names a counter, none is created, Counts is empty.
-func TestEndpointCountersOff(t *testing.T) {
+// Cleanup deletes the per-endpoint nfacct objects of an older release
+// (after the rules that named them), and no other object.
+func TestCleanupDeletesLegacyCounters(t *testing.T) {
 	acct := &fakeAcct{}
+	if err := acct.Ensure("sy-ep-AAAAAAAAAAAAAA", "sy-ep-BBBBBBBBBBBBBB", LocalhostCounter, "someone-elses"); err != nil {
+		t.Fatal(err)
+	}
 	cfg := parityCfg
 	cfg.NFAcct = acct
 	f := NewFake()
@@ -110,10 +117,17 @@ func TestEndpointCountersOff(t *testing.T) {
 	if _, err := p.Sync(dataplane.State{Services: []dataplane.ServicePort{web}}, dataplane.FullSync); err != nil {
 		t.Fatal(err)
 	}
-	if saved, _ := f.SaveAll(); strings.Contains(string(saved), counterPrefix) || len(acct.objs) != 0 {
-		t.Errorf("counting off: counters %v, rules:\n%s", acct.objs, saved)
+	if err := p.Cleanup(); err != nil {
+		t.Fatal(err)
 	}
-	if got, err := p.Counts(); err != nil || len(got) != 0 {
-		t.Errorf("counting off: Counts %v %v", got, err)
+	for _, n := range []string{"sy-ep-AAAAAAAAAAAAAA", "sy-ep-BBBBBBBBBBBBBB"} {
+		if _, ok := acct.objs[n]; ok {
+			t.Errorf("cleanup left %s", n)
+		}
+	}
+	for _, n := range []string{LocalhostCounter, "someone-elses"} {
+		if _, ok := acct.objs[n]; !ok {
+			t.Errorf("cleanup deleted %s", n)
+		}
 	}
 }

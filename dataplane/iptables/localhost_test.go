@@ -16,15 +16,18 @@ type fakeAcct struct {
 	fail error
 }
 
-func (f *fakeAcct) Ensure(name string) error {
+// Ensure creates all the names or, failing, none (as nfacct.Kernel does).
+func (f *fakeAcct) Ensure(names ...string) error {
 	if f.fail != nil {
 		return f.fail
 	}
 	if f.objs == nil {
 		f.objs = map[string]nfacct.Counter{}
 	}
-	if _, ok := f.objs[name]; !ok {
-		f.objs[name] = nfacct.Counter{Name: name}
+	for _, name := range names {
+		if _, ok := f.objs[name]; !ok {
+			f.objs[name] = nfacct.Counter{Name: name}
+		}
 	}
 	return nil
 }
@@ -45,8 +48,10 @@ func (f *fakeAcct) List() ([]nfacct.Counter, error) {
 	return out, nil
 }
 
-func (f *fakeAcct) Delete(name string) error {
-	delete(f.objs, name)
+func (f *fakeAcct) Delete(names ...string) error {
+	for _, name := range names {
+		delete(f.objs, name)
+	}
 	return nil
 }
 

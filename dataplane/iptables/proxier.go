@@ -199,10 +199,6 @@ func (p *Proxier) sync(s dataplane.State, req dataplane.SyncRequest) error {
 		p.LastSync = stats
 		return nil
 	}
-	if err := p.ensureEndpointCounters(write[TableNAT]); err != nil {
-		p.applied = nil
-		return err
-	}
 	data := restoreText(desired, write, remove)
 	stats.RestoreBytes = len(data)
 	restoreStart := time.Now()
@@ -212,9 +208,6 @@ func (p *Proxier) sync(s dataplane.State, req dataplane.SyncRequest) error {
 		return err
 	}
 	stats.Restore = time.Since(restoreStart)
-	if p.cfg.counting() {
-		p.deleteEndpointCounters(remove[TableNAT])
-	}
 	p.applied = desired
 	p.LastSync = stats
 	return nil
@@ -359,12 +352,13 @@ func (p *Proxier) Cleanup() error {
 		n += len(remove[t])
 	}
 	if n == 0 {
+		deleteLegacyCounters(p.cfg.NFAcct)
 		return nil
 	}
 	if err := p.ipt.Restore(restoreText(newRules(), nil, remove)); err != nil {
 		return err
 	}
-	p.deleteEndpointCounters(remove[TableNAT])
+	deleteLegacyCounters(p.cfg.NFAcct)
 	log.WithField("chains", n).Info("removed steelyard chains")
 	return nil
 }

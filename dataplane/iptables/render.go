@@ -35,11 +35,12 @@ type Config struct {
 	LocalhostNodePorts bool
 	// NFAcct, with LocalhostNodePorts, counts accepted localhost node port
 	// connections in the nfacct object LocalhostCounter; nil: no count.
+	// Cleanup deletes through it the per-endpoint objects older releases
+	// made.
 	NFAcct nfacct.Interface
-	// CountConnections counts each endpoint's new connections in an nfacct
-	// object (EndpointCounter) named in its DNAT rule; it needs NFAcct.
-	// The object outlives rewrites of the rule and is deleted with the
-	// endpoint's chain (counts.go).
+	// CountConnections is --count-connections. The rules are the same
+	// either way: each endpoint's DNAT rule counts its new connections in
+	// its own counter, which Counts reads (counts.go).
 	CountConnections bool
 	// localhostCounter is the nfacct object the rules name: set by the
 	// Proxier once it exists.
@@ -463,9 +464,6 @@ func renderService(r *fragment, sp *dataplane.ServicePort, cfg Config) {
 			dnat := []string{"-p", proto, "-m", "comment", "--comment", iptk.Quote(name)}
 			if sp.AffinitySeconds > 0 {
 				dnat = append(dnat, "-m", "recent", "--set", "--name", string(sep), "--mask", fullMask(b.IP), "--rsource")
-			}
-			if cfg.counting() {
-				dnat = append(dnat, "-m", "nfacct", "--nfacct-name", EndpointCounter(sep))
 			}
 			r.add(TableNAT, sep, append(dnat, "-m", proto, "-j", "DNAT", "--to-destination", b.Addr().String())...)
 		}

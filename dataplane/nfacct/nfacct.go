@@ -41,19 +41,26 @@ type Counter struct {
 	Bytes   uint64
 }
 
-// Interface is what the dataplanes need: make an object exist, read it.
+// Interface is what the dataplanes need. Ensure and Delete take many
+// names and send them over one netlink socket, BatchSize requests to a
+// send: the iptables mode names one object per endpoint, 100,000 at
+// 10,000 Services.
 type Interface interface {
-	// Ensure creates the object name unless it exists (its counts kept).
-	Ensure(name string) error
-	// Get reads the object name; ErrNotFound when it is missing.
-	Get(name string) (Counter, error)
-	// Delete removes the object name; a missing one is not an error.
-	Delete(name string) error
+	// Ensure creates the objects that do not exist; existing ones keep
+	// their counts. All or none: when one cannot be created, the ones this
+	// call created are deleted again and the error names the first
+	// failure (so a restore that names them is never attempted with some
+	// missing, and a failed call leaves no new object behind).
+	Ensure(names ...string) error
+	// Delete removes the objects; a missing one is not an error, one that
+	// a rule still names is (EBUSY, and it stays). Every name is tried.
+	Delete(names ...string) error
 	// List reads every object of the network namespace in one dump.
 	List() ([]Counter, error)
 }
 
-// Kernel talks to nfnetlink_acct in the caller's network namespace.
+// Kernel talks to nfnetlink_acct in the network namespace of the calling
+// thread, one socket per call.
 type Kernel struct{}
 
 var _ Interface = Kernel{}
@@ -65,81 +72,151 @@ func checkName(name string) error {
 	return nil
 }
 
-func request(msg int, flags int, name string) *nl.NetlinkRequest {
-	req := nl.NewNetlinkRequest(subsysAcct<<8|msg, flags)
-	req.AddData(&nl.Nfgenmsg{NfgenFamily: unix.AF_UNSPEC, Version: nl.NFNETLINK_V0})
-	req.AddData(nl.NewRtAttr(attrName, nl.ZeroTerminated(name)))
-	return req
-}
-
-// Ensure implements Interface. NLM_F_EXCL is left out: the kernel then
-// answers an existing object with EBUSY and leaves its counts alone.
-func (Kernel) Ensure(name string) error {
-	if err := checkName(name); err != nil {
-		return err
-	}
-	_, err := request(msgNew, unix.NLM_F_REQUEST|unix.NLM_F_CREATE|unix.NLM_F_ACK, name).Execute(unix.NETLINK_NETFILTER, 0)
-	if err != nil && !errors.Is(err, syscall.EBUSY) && !errors.Is(err, syscall.EEXIST) {
-		return fmt.Errorf("nfacct: create %s: %w", name, err)
+func checkNames(names []string) error {
+	for _, n := range names {
+		if err := checkName(n); err != nil {
+			return err
+		}
 	}
 	return nil
 }
 
-// Get implements Interface.
+// Ensure implements Interface. NLM_F_EXCL is left out: the kernel then
+// answers an existing object with EBUSY and leaves its counts alone, so
+// the answers tell the objects this call created from the others.
+func (Kernel) Ensure(names ...string) error {
+	if len(names) == 0 {
+		return nil
+	}
+	if err := checkNames(names); err != nil {
+		return err
+	}
+	return ensure(names)
+}
+
+// ensure is Ensure without the check of the names (a test makes the
+// kernel refuse one).
+func ensure(names []string) error {
+	c, err := dial()
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	answers, xerr := c.exchange(msgNew, unix.NLM_F_CREATE, names)
+	var failed error
+	var undo []string
+	for i, e := range answers {
+		switch e {
+		case 0, errUnknown:
+			// Created, or perhaps (the exchange broke off): undone if
+			// the call fails. An unknown one that existed before and a
+			// rule names is not deleted (EBUSY).
+			undo = append(undo, names[i])
+		case syscall.EBUSY, syscall.EEXIST:
+		default:
+			if failed == nil {
+				failed = fmt.Errorf("nfacct: create %s: %w", names[i], e)
+			}
+		}
+	}
+	if xerr == nil && failed == nil {
+		return nil
+	}
+	if failed == nil {
+		failed = xerr
+	}
+	if len(undo) > 0 {
+		// A new socket: the exchange may have broken this one.
+		if err := (Kernel{}).Delete(undo...); err != nil {
+			return fmt.Errorf("%w (and undoing the %d created: %v)", failed, len(undo), err)
+		}
+	}
+	return failed
+}
+
+// Delete implements Interface.
+func (Kernel) Delete(names ...string) error {
+	if len(names) == 0 {
+		return nil
+	}
+	if err := checkNames(names); err != nil {
+		return err
+	}
+	c, err := dial()
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	answers, xerr := c.exchange(msgDel, 0, names)
+	if xerr != nil {
+		return xerr
+	}
+	var first error
+	n := 0
+	for i, e := range answers {
+		if e == 0 || e == syscall.ENOENT {
+			continue
+		}
+		if first == nil {
+			first = fmt.Errorf("%s: %w", names[i], e)
+		}
+		n++
+	}
+	if first != nil {
+		return fmt.Errorf("nfacct: %d of %d objects not deleted, the first %w", n, len(names), first)
+	}
+	return nil
+}
+
+// Get reads the object name; ErrNotFound when it is missing.
 func (Kernel) Get(name string) (Counter, error) {
 	if err := checkName(name); err != nil {
 		return Counter{}, err
 	}
-	msgs, err := request(msgGet, unix.NLM_F_REQUEST|unix.NLM_F_ACK, name).Execute(unix.NETLINK_NETFILTER, 0)
+	c, err := dial()
+	if err != nil {
+		return Counter{}, err
+	}
+	defer c.close()
+	var out Counter
+	found := false
+	err = c.query(name, func(data []byte) error {
+		ctr, err := Decode(data)
+		if err == nil && ctr.Name == name {
+			out, found = ctr, true
+		}
+		return err
+	})
 	if errors.Is(err, syscall.ENOENT) {
 		return Counter{}, ErrNotFound
 	}
 	if err != nil {
 		return Counter{}, fmt.Errorf("nfacct: get %s: %w", name, err)
 	}
-	for _, m := range msgs {
-		c, err := Decode(m)
-		if err != nil {
-			return Counter{}, err
-		}
-		if c.Name == name {
-			return c, nil
-		}
+	if !found {
+		return Counter{}, ErrNotFound
 	}
-	return Counter{}, ErrNotFound
+	return out, nil
 }
 
 // List implements Interface: one NFNL_MSG_ACCT_GET dump (at 100,000
 // endpoint counters one request, not 100,000).
 func (Kernel) List() ([]Counter, error) {
-	req := nl.NewNetlinkRequest(subsysAcct<<8|msgGet, unix.NLM_F_REQUEST|unix.NLM_F_DUMP)
-	req.AddData(&nl.Nfgenmsg{NfgenFamily: unix.AF_UNSPEC, Version: nl.NFNETLINK_V0})
-	msgs, err := req.Execute(unix.NETLINK_NETFILTER, 0)
+	c, err := dial()
+	if err != nil {
+		return nil, err
+	}
+	defer c.close()
+	var out []Counter
+	err = c.query("", func(data []byte) error {
+		ctr, err := Decode(data)
+		out = append(out, ctr)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("nfacct: list: %w", err)
 	}
-	out := make([]Counter, 0, len(msgs))
-	for _, m := range msgs {
-		c, err := Decode(m)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, c)
-	}
 	return out, nil
-}
-
-// Delete removes the object name; a missing object is not an error, one
-// that rules still use is (EBUSY).
-func (Kernel) Delete(name string) error {
-	if err := checkName(name); err != nil {
-		return err
-	}
-	_, err := request(msgDel, unix.NLM_F_REQUEST|unix.NLM_F_ACK, name).Execute(unix.NETLINK_NETFILTER, 0)
-	if err != nil && !errors.Is(err, syscall.ENOENT) {
-		return fmt.Errorf("nfacct: delete %s: %w", name, err)
-	}
-	return nil
 }
 
 // Decode parses one NFNL_MSG_ACCT_NEW message (the kernel's answer to a

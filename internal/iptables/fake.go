@@ -63,6 +63,28 @@ func (f *Fake) SaveAll() ([]byte, error) {
 	return []byte(f.rs.String()), nil
 }
 
+// SaveCounters implements Interface. A rule's counters live as long as
+// the rule: a restore that rewrites its chain makes new rules, counting
+// from 0, as the kernel does; other chains keep theirs.
+func (f *Fake) SaveCounters(t Table) ([]byte, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return []byte(f.rs.StringCounters(t)), nil
+}
+
+// Count adds packets to the counter of rule i (from 0) of chain c, as
+// traffic through it would.
+func (f *Fake) Count(t Table, c Chain, i int, packets uint64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ch := f.rs.Chain(t, c)
+	if ch == nil || i >= len(ch.Rules) {
+		return fmt.Errorf("fake: no rule %d in %s/%s", i, t, c)
+	}
+	ch.Rules[i].Packets += packets
+	return nil
+}
+
 // Restore implements Interface with --noflush semantics.
 func (f *Fake) Restore(data []byte) error {
 	f.mu.Lock()

@@ -18,6 +18,9 @@ import (
 type Interface interface {
 	// SaveAll returns iptables-save output for every table.
 	SaveAll() ([]byte, error)
+	// SaveCounters returns iptables-save -c output for table t: each rule
+	// after its own "[packets:bytes]" counter.
+	SaveCounters(t Table) ([]byte, error)
 	// Restore feeds data to iptables-restore --noflush: all of it applies or
 	// none of it does.
 	Restore(data []byte) error
@@ -163,6 +166,16 @@ func (r *runner) SaveAll() ([]byte, error) {
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := execx.Run(cmd); err != nil {
 		return nil, fmt.Errorf("%s: %w: %s", r.save, err, strings.TrimSpace(stderr.String()))
+	}
+	return stdout.Bytes(), nil
+}
+
+func (r *runner) SaveCounters(t Table) ([]byte, error) {
+	var stdout, stderr bytes.Buffer
+	cmd := execx.Command(r.save, "-c", "-t", string(t))
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := execx.Run(cmd); err != nil {
+		return nil, fmt.Errorf("%s -c -t %s: %w: %s", r.save, t, err, strings.TrimSpace(stderr.String()))
 	}
 	return stdout.Bytes(), nil
 }

@@ -64,6 +64,12 @@ type Rule struct {
 	// Unknown lists options the tracer does not understand; a rule with
 	// any is treated as not matching.
 	Unknown []string
+	// Packets and Bytes are the rule's own counters, from iptables-save
+	// -c ("[packets:bytes] -A ..."); 0 in a dump without them. The kernel
+	// keeps them while a restore rewrites other chains (legacy and nft:
+	// iptables-restore --noflush carries the counters of untouched rules
+	// over) and zeroes them when the rule's own chain is rewritten.
+	Packets, Bytes uint64
 }
 
 // RecentMatch is a -m recent match as steelyard writes it.
@@ -103,18 +109,26 @@ func ParseRuleset(data []byte) (*Ruleset, error) {
 			}
 			c := cur.chain(Chain(f[0]))
 			c.Policy = f[1]
-		case strings.HasPrefix(l, "-A "):
+		case strings.HasPrefix(l, "-A "), strings.HasPrefix(l, "["):
 			if cur == nil {
 				return nil, fmt.Errorf("line %d: rule outside a table", line)
 			}
+			var pkts, bytes uint64
+			if l[0] == '[' {
+				var err error
+				if pkts, bytes, l, err = cutCounters(l); err != nil {
+					return nil, fmt.Errorf("line %d: %w", line, err)
+				}
+			}
 			f := strings.SplitN(l, " ", 3)
-			if len(f) < 3 {
+			if len(f) < 3 || f[0] != "-A" {
 				return nil, fmt.Errorf("line %d: empty rule", line)
 			}
 			r, err := ParseRule(f[2])
 			if err != nil {
 				return nil, fmt.Errorf("line %d: %w", line, err)
 			}
+			r.Packets, r.Bytes = pkts, bytes
 			c := cur.chain(Chain(f[1]))
 			c.Rules = append(c.Rules, r)
 		default:
@@ -168,10 +182,38 @@ func (rs *Ruleset) SteelyardChains(t Table) []Chain {
 	return out
 }
 
+// cutCounters splits "[packets:bytes] -A ..." into the counters and the
+// rest.
+func cutCounters(l string) (pkts, bytes uint64, rest string, err error) {
+	ctr, rest, ok := strings.Cut(l[1:], "] ")
+	p, b, ok2 := strings.Cut(ctr, ":")
+	if !ok || !ok2 {
+		return 0, 0, "", fmt.Errorf("bad counters in %q", l)
+	}
+	if pkts, err = strconv.ParseUint(p, 10, 64); err == nil {
+		bytes, err = strconv.ParseUint(b, 10, 64)
+	}
+	if err != nil {
+		return 0, 0, "", fmt.Errorf("bad counters in %q: %w", l, err)
+	}
+	return pkts, bytes, rest, nil
+}
+
 // String renders the ruleset as iptables-save text.
-func (rs *Ruleset) String() string {
+func (rs *Ruleset) String() string { return rs.render(rs.order, false) }
+
+// StringCounters renders table t as iptables-save -c text: each rule after
+// its counters.
+func (rs *Ruleset) StringCounters(t Table) string {
+	if rs.Tables[t] == nil {
+		return ""
+	}
+	return rs.render([]Table{t}, true)
+}
+
+func (rs *Ruleset) render(tables []Table, counters bool) string {
 	var b strings.Builder
-	for _, t := range rs.order {
+	for _, t := range tables {
 		st := rs.Tables[t]
 		fmt.Fprintf(&b, "*%s\n", t)
 		for _, c := range st.Order {
@@ -180,6 +222,9 @@ func (rs *Ruleset) String() string {
 		}
 		for _, c := range st.Order {
 			for _, r := range st.Chains[c].Rules {
+				if counters {
+					fmt.Fprintf(&b, "[%d:%d] ", r.Packets, r.Bytes)
+				}
 				fmt.Fprintf(&b, "-A %s %s\n", c, r.Text)
 			}
 		}

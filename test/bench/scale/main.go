@@ -16,6 +16,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -42,7 +43,7 @@ func cpu() float64 {
 func main() {
 	services := flag.Int("services", 10000, "number of Services")
 	endpoints := flag.Int("endpoints", 10, "endpoints per Service")
-	dp := flag.String("dataplane", "nftables", "nftables or iptables-legacy")
+	dp := flag.String("dataplane", "nftables", "nftables, iptables-legacy or iptables-nft")
 	keep := flag.Bool("keep", false, "leave the ruleset in place after the first sync and exit (to inspect it)")
 	batch := flag.Int("batch", nftables.BatchPorts, "nftables: Service ports per transaction of a full sync")
 	cpuProfile := flag.String("cpuprofile", "", "write a pprof CPU profile of the partial syncs (one weight, one endpoint) to this file")
@@ -52,7 +53,7 @@ func main() {
 	rounds := flag.Int("rounds", 5, "partial syncs of each kind (the median is printed)")
 	probe := flag.Bool("probe", false, "nftables: after the partial syncs, time a commit with a verdict element and one without (the kernel's validation walk)")
 	probeOnly := flag.Bool("probe-only", false, "nftables: only -probe the table already there (left by -keep), then exit")
-	count := flag.Bool("count-connections", false, "count each endpoint's new connections (nftables: counted maps; iptables: nfacct objects) and time one read of the counts")
+	count := flag.Bool("count-connections", false, "count each endpoint's new connections (nftables: counted maps; iptables: the rules count always) and time one read of the counts")
 	flag.Parse()
 	nftables.BatchPorts = *batch
 	if *probeOnly {
@@ -73,14 +74,15 @@ func main() {
 			fail(err)
 		}
 		p, list = np, []string{"nft", "list", "ruleset"}
-	case "iptables-legacy":
-		ipt, _, err := iptables.New(iptables.Mode("legacy"))
+	case "iptables-legacy", "iptables-nft":
+		mode := strings.TrimPrefix(*dp, "iptables-")
+		ipt, _, err := iptables.New(iptables.Mode(mode))
 		if err != nil {
 			fail(err)
 		}
-		p, list = iptables.NewProxier(ipt, iptables.Config{Masquerade: dataplane.Masquerade{ClusterCIDRs: cidrs}, NFAcct: nfacct.Kernel{}, CountConnections: *count}), []string{"iptables-legacy-save"}
+		p, list = iptables.NewProxier(ipt, iptables.Config{Masquerade: dataplane.Masquerade{ClusterCIDRs: cidrs}, NFAcct: nfacct.Kernel{}, CountConnections: *count}), []string{*dp + "-save"}
 	default:
-		fail(fmt.Errorf("-dataplane %q: want nftables or iptables-legacy", *dp))
+		fail(fmt.Errorf("-dataplane %q: want nftables, iptables-legacy or iptables-nft", *dp))
 	}
 	r := point.Result{Dataplane: *dp, Services: *services, Endpoints: *endpoints, CountConnections: *count}
 	var lastCPU float64
