@@ -64,7 +64,7 @@ func (f *dataplaneFlags) register(cmd *cobra.Command, withConfig bool) {
 		cmd.Flags().IntVar(&f.masqueradeBit, "masquerade-bit", dataplane.DefaultMasqueradeBit, "fwmark bit (0-31) that marks packets for masquerading")
 		f.registerIPVS(cmd)
 		cmd.Flags().BoolVar(&f.localhostNodePorts, "localhost-nodeports", true, "open node ports on 127.0.0.0/8 to the node's own processes (IPv4, iptables and nftables modes; sets net.ipv4.conf.all.route_localnet=1 and drops packets to 127.0.0.0/8 from other hosts), as kube-proxy's iptables mode does by default")
-		cmd.Flags().BoolVar(&f.countConnections, "count-connections", false, "count each endpoint's new connections in the kernel (iptables: an nfacct object per endpoint; nftables: a counter per weight-map element; IPVS counts always), exported as steelyard_endpoint_new_connections_total beside steelyard_endpoint_weight and steelyard_endpoint_configured_ratio, and read by explain --observed; off by default for its cost at scale (docs/benchmarks.md)")
+		cmd.Flags().BoolVar(&f.countConnections, "count-connections", false, "count each endpoint's new connections in the kernel (iptables: an nfacct object per endpoint; nftables: a counter per weight-map element; IPVS counts always; ebpf: a per-CPU counter per VIP and endpoint in the socket programs' map, plus the nftables counters), exported as steelyard_endpoint_new_connections_total beside steelyard_endpoint_weight and steelyard_endpoint_configured_ratio, and read by explain --observed; off by default for its cost at scale (docs/benchmarks.md)")
 		// A container that is not privileged gets /proc/sys read-only;
 		// the DaemonSet mounts the host's /proc/sys/net (per network
 		// namespace, so the node's) at /host/proc/sys/net instead.

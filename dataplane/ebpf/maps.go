@@ -12,9 +12,11 @@
 package ebpf
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"strings"
 
 	"github.com/steelyard-net/steelyard/dataplane"
 )
@@ -32,6 +34,8 @@ const (
 	slotKeySize   = 8 // putPair
 	backendSize   = 20
 	revnatKeySize = 32
+	countKeySize  = svcKeySize + backendSize
+	nameSize      = 128 // struct svc_name: dataplane.NftCommentMax
 )
 
 // svcKey is a key of the services map: a VIP. Addresses are 16 bytes, IPv4
@@ -178,3 +182,62 @@ func (v *backendVal) UnmarshalBinary(b []byte) error {
 
 // addrPort returns the backend as an address and port.
 func (v backendVal) addrPort() netip.AddrPort { return netip.AddrPortFrom(v.Addr, v.Port) }
+
+// countKey is a key of the counts map: a VIP and one of its backends. It
+// names no table or slot, so a count outlives the switch to a new table.
+type countKey struct {
+	VIP     svcKey
+	Backend backendVal
+}
+
+// MarshalBinary encodes struct count_key.
+func (k countKey) MarshalBinary() ([]byte, error) {
+	v, err := k.VIP.MarshalBinary()
+	if err != nil {
+		return nil, fmt.Errorf("counts key: %w", err)
+	}
+	b, err := k.Backend.MarshalBinary()
+	if err != nil {
+		return nil, fmt.Errorf("counts key: %w", err)
+	}
+	return append(v, b...), nil
+}
+
+// UnmarshalBinary decodes struct count_key.
+func (k *countKey) UnmarshalBinary(b []byte) error {
+	if len(b) != countKeySize {
+		return fmt.Errorf("counts key: %d bytes, want %d", len(b), countKeySize)
+	}
+	if err := k.VIP.UnmarshalBinary(b[:svcKeySize]); err != nil {
+		return err
+	}
+	return k.Backend.UnmarshalBinary(b[svcKeySize:])
+}
+
+// nameVal is a value of the names map: a Service port's name as the
+// nftables comments hold it (dataplane.ShortName within nameSize bytes),
+// NUL-padded (a name of exactly nameSize bytes has no NUL).
+type nameVal string
+
+// MarshalBinary encodes struct svc_name. A longer name is refused
+// (desiredTables shortens every name first).
+func (n nameVal) MarshalBinary() ([]byte, error) {
+	if len(n) > nameSize || strings.IndexByte(string(n), 0) >= 0 {
+		return nil, fmt.Errorf("names value: %d bytes or a NUL in %q", len(n), string(n))
+	}
+	b := make([]byte, nameSize)
+	copy(b, n)
+	return b, nil
+}
+
+// UnmarshalBinary decodes struct svc_name: the bytes before the first NUL.
+func (n *nameVal) UnmarshalBinary(b []byte) error {
+	if len(b) != nameSize {
+		return fmt.Errorf("names value: %d bytes, want %d", len(b), nameSize)
+	}
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		b = b[:i]
+	}
+	*n = nameVal(b)
+	return nil
+}

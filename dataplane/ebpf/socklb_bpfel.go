@@ -20,6 +20,12 @@ type socklbBackend struct {
 	Pad  uint16
 }
 
+type socklbCountKey struct {
+	_   structs.HostLayout
+	Vip socklbSvcKey
+	Be  socklbBackend
+}
+
 type socklbRevnatKey struct {
 	_      structs.HostLayout
 	Cookie uint64
@@ -43,6 +49,11 @@ type socklbSvcKey struct {
 	Pad   uint8
 }
 
+type socklbSvcName struct {
+	_    structs.HostLayout
+	Name [128]int8
+}
+
 type socklbSvcVal struct {
 	_     structs.HostLayout
 	Id    uint32
@@ -53,17 +64,20 @@ type socklbSvcVal struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	socklbMapRevnat          = "revnat"
-	socklbMapServices        = "services"
-	socklbMapSlots           = "slots"
-	socklbProgSyConnect4     = "sy_connect4"
-	socklbProgSyConnect6     = "sy_connect6"
-	socklbProgSyGetpeername4 = "sy_getpeername4"
-	socklbProgSyGetpeername6 = "sy_getpeername6"
-	socklbProgSyRecvmsg4     = "sy_recvmsg4"
-	socklbProgSyRecvmsg6     = "sy_recvmsg6"
-	socklbProgSySendmsg4     = "sy_sendmsg4"
-	socklbProgSySendmsg6     = "sy_sendmsg6"
+	socklbMapCounts           = "counts"
+	socklbMapNames            = "names"
+	socklbMapRevnat           = "revnat"
+	socklbMapServices         = "services"
+	socklbMapSlots            = "slots"
+	socklbProgSyConnect4      = "sy_connect4"
+	socklbProgSyConnect6      = "sy_connect6"
+	socklbProgSyGetpeername4  = "sy_getpeername4"
+	socklbProgSyGetpeername6  = "sy_getpeername6"
+	socklbProgSyRecvmsg4      = "sy_recvmsg4"
+	socklbProgSyRecvmsg6      = "sy_recvmsg6"
+	socklbProgSySendmsg4      = "sy_sendmsg4"
+	socklbProgSySendmsg6      = "sy_sendmsg6"
+	socklbVarCountConnections = "count_connections"
 )
 
 // loadSocklb returns the embedded CollectionSpec for socklb.
@@ -122,6 +136,8 @@ type socklbProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type socklbMapSpecs struct {
+	Counts   *ebpf.MapSpec `ebpf:"counts"`
+	Names    *ebpf.MapSpec `ebpf:"names"`
 	Revnat   *ebpf.MapSpec `ebpf:"revnat"`
 	Services *ebpf.MapSpec `ebpf:"services"`
 	Slots    *ebpf.MapSpec `ebpf:"slots"`
@@ -131,6 +147,7 @@ type socklbMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type socklbVariableSpecs struct {
+	CountConnections *ebpf.VariableSpec `ebpf:"count_connections"`
 }
 
 // socklbObjects contains all objects after they have been loaded into the kernel.
@@ -153,6 +170,8 @@ func (o *socklbObjects) Close() error {
 //
 // It can be passed to loadSocklbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type socklbMaps struct {
+	Counts   *ebpf.Map `ebpf:"counts"`
+	Names    *ebpf.Map `ebpf:"names"`
 	Revnat   *ebpf.Map `ebpf:"revnat"`
 	Services *ebpf.Map `ebpf:"services"`
 	Slots    *ebpf.Map `ebpf:"slots"`
@@ -160,6 +179,8 @@ type socklbMaps struct {
 
 func (m *socklbMaps) Close() error {
 	return _SocklbClose(
+		m.Counts,
+		m.Names,
 		m.Revnat,
 		m.Services,
 		m.Slots,
@@ -170,6 +191,7 @@ func (m *socklbMaps) Close() error {
 //
 // It can be passed to loadSocklbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type socklbVariables struct {
+	CountConnections *ebpf.Variable `ebpf:"count_connections"`
 }
 
 // socklbPrograms contains all programs after they have been loaded into the kernel.

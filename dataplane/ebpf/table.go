@@ -13,6 +13,9 @@ import (
 type table struct {
 	key   svcKey
 	slots []backendVal
+	// name is the Service port's, shortened as the nftables comments
+	// (the names map; tables read back from the kernel have none).
+	name string
 }
 
 // socketServed reports whether the socket programs choose the backends of
@@ -43,7 +46,7 @@ func desiredTables(s dataplane.State) map[svcKey]table {
 			weights[j] = b.Weight
 		}
 		counts, n := Fill(weights)
-		t := table{key: key, slots: make([]backendVal, 0, n)}
+		t := table{key: key, slots: make([]backendVal, 0, n), name: dataplane.ShortName(sp.Name.String(), nameSize)}
 		for j, b := range bs {
 			for range counts[j] {
 				t.slots = append(t.slots, backendVal{Addr: b.IP, Port: b.Port})

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/steelyard-net/steelyard/test/sandbox"
+	"github.com/steelyard-net/steelyard/test/viewcheck"
 )
 
 // The ebpf mode's cgroup and bpffs. The socket programs attach to a cgroup
@@ -147,12 +148,14 @@ func removeDeadCgroups() {
 // chosen at the socket, so no packet carries the VIP (the node's conntrack
 // never sees it), while the application still sees the VIP as its peer
 // (getpeername) and as the source of unconnected UDP replies (recvmsg);
-// and `cleanup --mode ebpf` detaches the programs and unpins the maps.
+// each datagram's choice is counted (--count-connections) and the counts
+// go when the agent runs without it; and `cleanup --mode ebpf` detaches
+// the programs and unpins the maps.
 func TestEBPFSocketLB(t *testing.T) {
 	f := newFixture(t, modeNamed(t, "ebpf"))
 	f.addPods(webService, dnsService)
 	f.write("services.yaml", webService, dnsService)
-	f.start()
+	f.start("--count-connections")
 
 	r, err := f.client.TCPConns(addrPort(webService.vip, 80), 2000, sandbox.Load{})
 	if err != nil {
@@ -227,6 +230,27 @@ func TestEBPFSocketLB(t *testing.T) {
 	if strings.Contains(out, "dst="+dnsService.vip+" ") || !strings.Contains(out, "dst=198.19.4.") {
 		t.Errorf("the node's conntrack: want dns pods and never the VIP:\n%s", out)
 	}
+	// Counted at the socket, one per sendmsg(): the total is every datagram
+	// sent, and each backend's count the replies it sent (a lost reply
+	// leaves its datagram counted where the client cannot tell).
+	obs := f.observed(dnsService.vip, 53)
+	t.Logf("observed at the socket: %+v", obs)
+	if obs.Total != uint64(res.Attempted) {
+		t.Errorf("counted %d datagrams' choices, the client sent %d", obs.Total, res.Attempted)
+	}
+	names := map[string]string{}
+	for _, p := range dnsService.endpoints {
+		names[p.ip] = p.name
+	}
+	if res.Failed() == 0 {
+		viewcheck.ExpectObserved(t, obs, res, names, map[string]float64{"dns-1": 10, "dns-2": 90}, 2)
+	} else {
+		for _, b := range obs.Backends {
+			if got := int(b.Count); got < res.Counts[names[b.IP]] || got > res.Counts[names[b.IP]]+res.Failed() {
+				t.Errorf("%s: counted %d, the client got %d replies from it (%d lost)", b.IP, got, res.Counts[names[b.IP]], res.Failed())
+			}
+		}
+	}
 
 	// A restart moves the pinned links to the new programs: still one
 	// attachment per hook, on the suite's cgroup.
@@ -236,6 +260,10 @@ func TestEBPFSocketLB(t *testing.T) {
 	f.start()
 	if strings.Contains(f.agent.Log(), "another cgroup") {
 		t.Errorf("the restarted agent found its links on another cgroup:\n%s", f.agent.Log())
+	}
+	// Restarted without --count-connections: the counters are gone.
+	if obs := f.observed(dnsService.vip, 53); obs.Total != 0 {
+		t.Errorf("after a restart without --count-connections: %d still counted", obs.Total)
 	}
 	cg := f.modeArgs()[slices.Index(f.modeArgs(), "--cgroup-path")+1]
 	out, err = f.sb.Node.Exec("bpftool", "cgroup", "show", cg)

@@ -10,6 +10,8 @@
 //	services  (addr, port, proto) -> (table id, slot count)
 //	slots     (table id, slot)    -> backend (addr, port)
 //	revnat    (socket cookie, backend addr, port) -> VIP (addr, port)
+//	counts    (VIP, backend)     -> per-CPU count of the backend's choices
+//	names     VIP                -> its Service port's name (for the counts)
 //
 // Addresses are 16 bytes, IPv4 as ::ffff:a.b.c.d, so one key layout
 // serves both families (and AF_INET6 sockets that dial a v4-mapped VIP).
@@ -80,6 +82,56 @@ struct {
 	__type(key, struct revnat_key);
 	__type(value, struct backend);
 } revnat SEC(".maps");
+
+// The choices counted per VIP and backend, with --count-connections: the
+// key names no table or slot, so a table switched under a new ID (a weight
+// change, an endpoint that comes or goes) keeps the counts of the backends
+// that stay. The agent creates each entry (zero) before a table names the
+// backend and deletes it when the backend leaves the VIP: the programs
+// only add. Per CPU: no cache line shared between CPUs on the hot path.
+struct count_key {
+	struct svc_key vip;
+	struct backend be;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 1 << 20);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct count_key);
+	__type(value, __u64);
+} counts SEC(".maps");
+
+// The Service port of each counted VIP ("namespace/name:port", shortened
+// as nft comments are): read by the agent only, so that the counts carry
+// the names the nftables half's counters have.
+struct svc_name {
+	char name[128];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct svc_key);
+	__type(value, struct svc_name);
+} names SEC(".maps");
+
+// Set by the agent at load (--count-connections). A constant: without it
+// the verifier removes the counting code, so the default costs nothing.
+volatile const __u32 count_connections = 0;
+
+static __always_inline void count(const struct svc_key *vip, const struct backend *be)
+{
+	if (!count_connections)
+		return;
+	struct count_key ck;
+	__builtin_memcpy(&ck.vip, vip, sizeof(ck.vip));
+	__builtin_memcpy(&ck.be, be, sizeof(ck.be));
+	__u64 *n = bpf_map_lookup_elem(&counts, &ck);
+	if (n)
+		__sync_fetch_and_add(n, 1);
+}
 
 static __always_inline void v4_mapped(__u32 addr[4], __u32 ip4)
 {
@@ -162,6 +214,7 @@ static __always_inline int xlate4(struct bpf_sock_addr *ctx, int at_connect)
 	ctx->user_ip4 = be->addr[3];
 	ctx->user_port = be->port;
 	remember(ctx, be, &key);
+	count(&key, be);
 	return 1;
 }
 
@@ -177,6 +230,7 @@ static __always_inline int xlate6(struct bpf_sock_addr *ctx, int at_connect)
 	store6(ctx, be->addr);
 	ctx->user_port = be->port;
 	remember(ctx, be, &key);
+	count(&key, be);
 	return 1;
 }
 
