@@ -19,9 +19,12 @@ const DefaultPinDir = "/sys/fs/bpf/steelyard"
 const linksDir = "links"
 
 // The pinned maps, by the names of bpf/socklb.c. The first is the one
-// whose pin says the mode ran here; counts and names may be missing (pins
-// of a version that counted nothing).
-var mapNames = []string{socklbMapServices, socklbMapSlots, socklbMapRevnat, socklbMapCounts, socklbMapNames}
+// whose pin says the mode ran here; the optional ones may be missing (pins
+// of an earlier version).
+var mapNames = []string{socklbMapServices, socklbMapSlots, socklbMapRevnat, socklbMapCounts, socklbMapNames,
+	socklbMapMembers, socklbMapAffinity}
+
+var optionalMaps = map[string]bool{socklbMapCounts: true, socklbMapNames: true, socklbMapMembers: true, socklbMapAffinity: true}
 
 // hooks are the programs and the cgroup hooks they attach to.
 var hooks = []struct {
@@ -65,10 +68,14 @@ type maps struct {
 	// pins predate them.
 	counts counterMap
 	names  bpfMap
+	// members: the backends of ClientIP affinity ports; affinity is
+	// written by the programs only (held so it stays pinned).
+	members  bpfMap
+	affinity *ebpf.Map
 }
 
 func (m *maps) Close() {
-	for _, x := range []bpfMap{m.services, m.slots, m.names} {
+	for _, x := range []bpfMap{m.services, m.slots, m.names, m.members} {
 		if x != nil {
 			x.Close()
 		}
@@ -76,8 +83,10 @@ func (m *maps) Close() {
 	if m.counts != nil {
 		m.counts.Close()
 	}
-	if m.revnat != nil {
-		m.revnat.Close()
+	for _, x := range []*ebpf.Map{m.revnat, m.affinity} {
+		if x != nil {
+			x.Close()
+		}
 	}
 }
 
@@ -90,7 +99,7 @@ func openPinned(pinDir string) (m *maps, ok bool, err error) {
 		if errors.Is(err, fs.ErrNotExist) && i == 0 {
 			return nil, false, nil
 		}
-		if errors.Is(err, fs.ErrNotExist) && (name == socklbMapCounts || name == socklbMapNames) {
+		if errors.Is(err, fs.ErrNotExist) && optionalMaps[name] {
 			continue
 		}
 		if err != nil {
@@ -106,6 +115,10 @@ func openPinned(pinDir string) (m *maps, ok bool, err error) {
 			m.counts = kernelCounters{x}
 		case socklbMapNames:
 			m.names = kernelMap{x}
+		case socklbMapMembers:
+			m.members = kernelMap{x}
+		case socklbMapAffinity:
+			m.affinity = x
 		default:
 			m.revnat = x
 		}
@@ -135,11 +148,27 @@ func load(pinDir, cgroup string, counting bool) (*maps, error) {
 		}
 	}
 	var objs socklbObjects
-	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}); err != nil {
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}
+	err = spec.LoadAndAssign(&objs, opts)
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		// Pins of another layout (an earlier version's services
+		// values): new maps. The tables are written again at this sync;
+		// sockets connected before see their pod as the peer, and
+		// affinity and counts start again.
+		log.WithError(err).Warn("pinned maps of another layout: unpinned, and made again")
+		for _, name := range mapNames {
+			if err := os.Remove(filepath.Join(pinDir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return nil, err
+			}
+		}
+		err = spec.LoadAndAssign(&objs, opts)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("load the socket programs: %w", err)
 	}
 	m := &maps{services: kernelMap{objs.Services}, slots: kernelMap{objs.Slots}, revnat: objs.Revnat,
-		counts: kernelCounters{objs.Counts}, names: kernelMap{objs.Names}}
+		counts: kernelCounters{objs.Counts}, names: kernelMap{objs.Names},
+		members: kernelMap{objs.Members}, affinity: objs.Affinity}
 	progs := map[string]*ebpf.Program{
 		socklbProgSyConnect4: objs.SyConnect4, socklbProgSyConnect6: objs.SyConnect6,
 		socklbProgSySendmsg4: objs.SySendmsg4, socklbProgSySendmsg6: objs.SySendmsg6,

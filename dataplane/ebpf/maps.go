@@ -30,7 +30,7 @@ const (
 // Sizes of the encoded keys and values (those of the C structs).
 const (
 	svcKeySize    = 20
-	svcValSize    = 8 // putPair
+	svcValSize    = 16
 	slotKeySize   = 8 // putPair
 	backendSize   = 20
 	revnatKeySize = 32
@@ -104,7 +104,8 @@ func (k *svcKey) UnmarshalBinary(b []byte) error {
 	return nil
 }
 
-// svcVal is a value of the services map: the Service port's slot table.
+// svcVal is a value of the services map: the Service port's slot table
+// and its affinity.
 type svcVal struct {
 	// ID names the table in the slots map. A changed port gets a new
 	// table under a fresh ID, and the services entry switches to it in
@@ -112,9 +113,12 @@ type svcVal struct {
 	ID uint32
 	// Count is how many slots the table has (>= 1).
 	Count uint32
+	// Affinity is the sessionAffinity ClientIP timeout in seconds (0:
+	// none).
+	Affinity uint32
 }
 
-// svc_val and slot_key are both two 32-bit words in host byte order.
+// slot_key is two 32-bit words in host byte order (svc_val four).
 func putPair(a, b uint32) []byte {
 	out := make([]byte, 8)
 	binary.NativeEndian.PutUint32(out[0:4], a)
@@ -130,13 +134,19 @@ func pairAt(what string, b []byte) (uint32, uint32, error) {
 }
 
 // MarshalBinary encodes struct svc_val (host byte order, as the program
-// reads it).
-func (v svcVal) MarshalBinary() ([]byte, error) { return putPair(v.ID, v.Count), nil }
+// reads it; the pad word zero).
+func (v svcVal) MarshalBinary() ([]byte, error) {
+	return append(putPair(v.ID, v.Count), putPair(v.Affinity, 0)...), nil
+}
 
 // UnmarshalBinary decodes struct svc_val.
 func (v *svcVal) UnmarshalBinary(b []byte) (err error) {
-	v.ID, v.Count, err = pairAt("services value", b)
-	return err
+	if len(b) != svcValSize {
+		return fmt.Errorf("services value: %d bytes, want %d", len(b), svcValSize)
+	}
+	v.ID, v.Count, _ = pairAt("services value", b[:8])
+	v.Affinity = binary.NativeEndian.Uint32(b[8:12])
+	return nil
 }
 
 // slotKey is a key of the slots map: one slot of one table.
@@ -239,5 +249,20 @@ func (n *nameVal) UnmarshalBinary(b []byte) error {
 		b = b[:i]
 	}
 	*n = nameVal(b)
+	return nil
+}
+
+// member is a value of the members map: the key's presence is what
+// counts (a backend of a ClientIP affinity port).
+type member struct{}
+
+// MarshalBinary encodes the members map's one-byte value.
+func (member) MarshalBinary() ([]byte, error) { return []byte{1}, nil }
+
+// UnmarshalBinary decodes it.
+func (*member) UnmarshalBinary(b []byte) error {
+	if len(b) != 1 {
+		return fmt.Errorf("members value: %d bytes, want 1", len(b))
+	}
 	return nil
 }

@@ -23,6 +23,7 @@ func TestLayouts(t *testing.T) {
 		{"backend", backendSize, unsafe.Sizeof(socklbBackend{})},
 		{"revnat_key", revnatKeySize, unsafe.Sizeof(socklbRevnatKey{})},
 		{"count_key", countKeySize, unsafe.Sizeof(socklbCountKey{})},
+		{"members value", 1, unsafe.Sizeof(uint8(0))},
 		{"svc_name", nameSize, unsafe.Sizeof(socklbSvcName{})},
 		{"svc_name (nft comments)", nameSize, dataplane.NftCommentMax},
 	} {
@@ -67,8 +68,8 @@ func TestLayouts(t *testing.T) {
 		t.Errorf("count_key:\n got %x (%v)\nwant %x", got, err, buf.Bytes())
 	}
 	buf.Reset()
-	binary.Write(&buf, binary.NativeEndian, socklbSvcVal{Id: 7, Count: 10})
-	if got, _ := (svcVal{ID: 7, Count: 10}).MarshalBinary(); !bytes.Equal(got, buf.Bytes()) {
+	binary.Write(&buf, binary.NativeEndian, socklbSvcVal{Id: 7, Count: 10, Affinity: 10800})
+	if got, _ := (svcVal{ID: 7, Count: 10, Affinity: 10800}).MarshalBinary(); !bytes.Equal(got, buf.Bytes()) {
 		t.Errorf("svc_val: got %x, want %x", got, buf.Bytes())
 	}
 	buf.Reset()
@@ -123,7 +124,7 @@ func FuzzMapEncoders(f *testing.F) {
 		} else if _, err := nv.MarshalBinary(); err == nil {
 			t.Fatalf("name %q (%d bytes) accepted", raw, len(raw))
 		}
-		v := svcVal{ID: id, Count: n}
+		v := svcVal{ID: id, Count: n, Affinity: id ^ n}
 		b, _ := v.MarshalBinary()
 		var vBack svcVal
 		if err := vBack.UnmarshalBinary(b); err != nil || vBack != v {

@@ -101,7 +101,7 @@ func NewDualStackMem(nft *dataplane.DualStack, counting bool) *dataplane.DualSta
 // memMapsFull returns empty in-memory maps of the kernel's sizes.
 func memMapsFull() *maps {
 	return &maps{services: NewMemMap(svcKeySize, svcValSize, 65536), slots: NewMemMap(slotKeySize, backendSize, 1<<22),
-		counts: NewMemCounters(2, 1<<20), names: NewMemMap(svcKeySize, nameSize, 65536)}
+		counts: NewMemCounters(2, 1<<20), names: NewMemMap(svcKeySize, nameSize, 65536), members: NewMemMap(countKeySize, 1, 1<<20)}
 }
 
 func (k *kernel) dualStack(nft *dataplane.DualStack) *dataplane.DualStack {
@@ -178,12 +178,16 @@ func (p *Proxier) Sync(s dataplane.State, req dataplane.SyncRequest) (dataplane.
 	if err != nil {
 		return res, fmt.Errorf("socket counters: %w", err)
 	}
+	ms, err := prepareMembers(m, want, p.family)
+	if err != nil {
+		return res, fmt.Errorf("socket affinity: %w", err)
+	}
 	changed, err := syncTables(m, want, p.family)
 	if err != nil {
 		return res, fmt.Errorf("socket tables: %w", err)
 	}
-	if err := cs.prune(); err != nil {
-		return res, fmt.Errorf("socket counters: %w", err)
+	if err := errors.Join(cs.prune(), ms.prune()); err != nil {
+		return res, fmt.Errorf("socket counters or affinity: %w", err)
 	}
 	if changed > 0 {
 		log.WithField("family", p.family).WithField("ports", changed).Debug("socket tables written")
@@ -302,6 +306,7 @@ func applyTable(v *dataplane.ServiceView, t table) {
 	}
 	v.Backends = []dataplane.BackendView{}
 	v.Reject, v.Drop = false, false
+	v.AffinitySeconds = int(t.affinity)
 	for ap, c := range counts {
 		v.Backends = append(v.Backends, dataplane.BackendView{IP: ap.Addr().String(), Port: ap.Port(),
 			Share: dataplane.RoundShare(100 * float64(c) / float64(len(t.slots)))})

@@ -13,6 +13,21 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type socklbAffKey struct {
+	_      structs.HostLayout
+	Netns  uint64
+	Client [4]uint32
+	Vip    socklbSvcKey
+	Pad    uint32
+}
+
+type socklbAffVal struct {
+	_   structs.HostLayout
+	Be  socklbBackend
+	Pad uint32
+	At  uint64
+}
+
 type socklbBackend struct {
 	_    structs.HostLayout
 	Addr [4]uint32
@@ -55,16 +70,20 @@ type socklbSvcName struct {
 }
 
 type socklbSvcVal struct {
-	_     structs.HostLayout
-	Id    uint32
-	Count uint32
+	_        structs.HostLayout
+	Id       uint32
+	Count    uint32
+	Affinity uint32
+	Pad      uint32
 }
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	socklbMapAffinity         = "affinity"
 	socklbMapCounts           = "counts"
+	socklbMapMembers          = "members"
 	socklbMapNames            = "names"
 	socklbMapRevnat           = "revnat"
 	socklbMapServices         = "services"
@@ -136,7 +155,9 @@ type socklbProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type socklbMapSpecs struct {
+	Affinity *ebpf.MapSpec `ebpf:"affinity"`
 	Counts   *ebpf.MapSpec `ebpf:"counts"`
+	Members  *ebpf.MapSpec `ebpf:"members"`
 	Names    *ebpf.MapSpec `ebpf:"names"`
 	Revnat   *ebpf.MapSpec `ebpf:"revnat"`
 	Services *ebpf.MapSpec `ebpf:"services"`
@@ -170,7 +191,9 @@ func (o *socklbObjects) Close() error {
 //
 // It can be passed to loadSocklbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type socklbMaps struct {
+	Affinity *ebpf.Map `ebpf:"affinity"`
 	Counts   *ebpf.Map `ebpf:"counts"`
+	Members  *ebpf.Map `ebpf:"members"`
 	Names    *ebpf.Map `ebpf:"names"`
 	Revnat   *ebpf.Map `ebpf:"revnat"`
 	Services *ebpf.Map `ebpf:"services"`
@@ -179,7 +202,9 @@ type socklbMaps struct {
 
 func (m *socklbMaps) Close() error {
 	return _SocklbClose(
+		m.Affinity,
 		m.Counts,
+		m.Members,
 		m.Names,
 		m.Revnat,
 		m.Services,
