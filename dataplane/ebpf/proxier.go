@@ -178,16 +178,15 @@ func (p *Proxier) Sync(s dataplane.State, req dataplane.SyncRequest) (dataplane.
 	if err != nil {
 		return res, fmt.Errorf("socket counters: %w", err)
 	}
-	ms, err := prepareMembers(m, want, p.family)
-	if err != nil {
+	if err := syncMembers(m, want, p.family); err != nil {
 		return res, fmt.Errorf("socket affinity: %w", err)
 	}
 	changed, err := syncTables(m, want, p.family)
 	if err != nil {
 		return res, fmt.Errorf("socket tables: %w", err)
 	}
-	if err := errors.Join(cs.prune(), ms.prune()); err != nil {
-		return res, fmt.Errorf("socket counters or affinity: %w", err)
+	if err := cs.prune(); err != nil {
+		return res, fmt.Errorf("socket counters: %w", err)
 	}
 	if changed > 0 {
 		log.WithField("family", p.family).WithField("ports", changed).Debug("socket tables written")

@@ -142,10 +142,11 @@ static __always_inline void count(const struct svc_key *vip, const struct backen
 // namespace (a pod: its address) plus the address it bound, if any. An
 // entry is used while younger than the Service's timeout and while its
 // backend is still in members (the agent writes there the backends of an
-// affinity port that have slots): a backend that left, or whose weight
-// became 0, is never returned, as in the nftables mode, whose affinity
-// rules name the active endpoints only. Each use restarts the timeout, as the other modes'
-// affinity sets do at each new connection.
+// affinity port that have slots, before it switches the table): a backend
+// that left, or whose weight became 0, is never returned, as in the
+// nftables mode, whose affinity rules name the active endpoints only. Each
+// use restarts the timeout, as the other modes' affinity sets do at each
+// new connection.
 struct aff_key {
 	__u64 netns;
 	__u32 client[4];
