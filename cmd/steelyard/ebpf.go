@@ -1,7 +1,6 @@
 package main
 
 import (
-	"fmt"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -30,13 +29,9 @@ func (f *dataplaneFlags) registerEBPF(cmd *cobra.Command) {
 }
 
 func openEBPFMode(f *dataplaneFlags, env modeEnv) (*dataplane.DualStack, error) {
-	if f.countConnections {
-		// Refused at start rather than exporting the nftables half's
-		// counts as if they were the split clients get.
-		return nil, fmt.Errorf("--count-connections: %w", ebpf.ErrNotCounted)
-	}
-	cfg := ebpf.Config{CgroupPath: f.ebpf.cgroupPath, PinDir: f.ebpf.pinDir,
-		NFTables: nftables.Config{Masquerade: env.masquerade, NodeAddresses: env.nodeAddresses, LocalhostNodePorts: f.localhostNodePorts}}
+	cfg := ebpf.Config{CgroupPath: f.ebpf.cgroupPath, PinDir: f.ebpf.pinDir, CountConnections: f.countConnections,
+		NFTables: nftables.Config{Masquerade: env.masquerade, NodeAddresses: env.nodeAddresses, LocalhostNodePorts: f.localhostNodePorts,
+			CountConnections: f.countConnections}}
 	if cfg.CgroupPath == "" {
 		// explain and verify read the pins and never attach.
 		return ebpf.NewDualStackReader(cfg)

@@ -88,7 +88,7 @@ func fakeModes() map[string]*fakeMode {
 	}
 	out["ebpf"] = &fakeMode{
 		open: func(t *testing.T) *dataplane.DualStack {
-			return ebpf.NewDualStackMem(out["nftables"].open(t))
+			return ebpf.NewDualStackMem(out["nftables"].open(t), false)
 		},
 	}
 	return out

@@ -18,8 +18,13 @@ const DefaultPinDir = "/sys/fs/bpf/steelyard"
 // linksDir holds one pinned bpf_link per program, under the pin dir.
 const linksDir = "links"
 
-// The pinned maps, by the names of bpf/socklb.c.
-var mapNames = []string{socklbMapServices, socklbMapSlots, socklbMapRevnat}
+// The pinned maps, by the names of bpf/socklb.c. The first is the one
+// whose pin says the mode ran here; the optional ones may be missing (pins
+// of an earlier version).
+var mapNames = []string{socklbMapServices, socklbMapSlots, socklbMapRevnat, socklbMapCounts, socklbMapNames,
+	socklbMapMembers, socklbMapAffinity}
+
+var optionalMaps = map[string]bool{socklbMapCounts: true, socklbMapNames: true, socklbMapMembers: true, socklbMapAffinity: true}
 
 // hooks are the programs and the cgroup hooks they attach to.
 var hooks = []struct {
@@ -54,21 +59,34 @@ func CheckCgroup(path string) error {
 	return nil
 }
 
-// maps are the three maps, opened from their pins.
+// maps are the programs' maps, opened from their pins.
 type maps struct {
 	services, slots bpfMap
 	// revnat is written by the programs only; held so it stays pinned.
 	revnat *ebpf.Map
+	// counts and names: --count-connections (counts.go); nil when the
+	// pins predate them.
+	counts counterMap
+	names  bpfMap
+	// members: the backends of ClientIP affinity ports; affinity is
+	// written by the programs only (held so it stays pinned).
+	members  bpfMap
+	affinity *ebpf.Map
 }
 
 func (m *maps) Close() {
-	for _, x := range []bpfMap{m.services, m.slots} {
+	for _, x := range []bpfMap{m.services, m.slots, m.names, m.members} {
 		if x != nil {
 			x.Close()
 		}
 	}
-	if m.revnat != nil {
-		m.revnat.Close()
+	if m.counts != nil {
+		m.counts.Close()
+	}
+	for _, x := range []*ebpf.Map{m.revnat, m.affinity} {
+		if x != nil {
+			x.Close()
+		}
 	}
 }
 
@@ -81,6 +99,9 @@ func openPinned(pinDir string) (m *maps, ok bool, err error) {
 		if errors.Is(err, fs.ErrNotExist) && i == 0 {
 			return nil, false, nil
 		}
+		if errors.Is(err, fs.ErrNotExist) && optionalMaps[name] {
+			continue
+		}
 		if err != nil {
 			m.Close()
 			return nil, false, fmt.Errorf("pinned map %s: %w", name, err)
@@ -90,6 +111,14 @@ func openPinned(pinDir string) (m *maps, ok bool, err error) {
 			m.services = kernelMap{x}
 		case socklbMapSlots:
 			m.slots = kernelMap{x}
+		case socklbMapCounts:
+			m.counts = kernelCounters{x}
+		case socklbMapNames:
+			m.names = kernelMap{x}
+		case socklbMapMembers:
+			m.members = kernelMap{x}
+		case socklbMapAffinity:
+			m.affinity = x
 		default:
 			m.revnat = x
 		}
@@ -98,10 +127,11 @@ func openPinned(pinDir string) (m *maps, ok bool, err error) {
 }
 
 // load loads the programs with their maps pinned in pinDir (the pinned
-// ones reused, so a restarted agent keeps every table and every socket's
-// reverse entry) and attaches each program to the cgroup, or moves its
-// pinned link to the new program: the hooks are never off in between.
-func load(pinDir, cgroup string) (*maps, error) {
+// ones reused, so a restarted agent keeps every table, every socket's
+// reverse entry and every count) and attaches each program to the cgroup,
+// or moves its pinned link to the new program: the hooks are never off in
+// between. counting sets the programs' count_connections constant.
+func load(pinDir, cgroup string, counting bool) (*maps, error) {
 	if err := os.MkdirAll(filepath.Join(pinDir, linksDir), 0o700); err != nil {
 		return nil, err
 	}
@@ -112,11 +142,33 @@ func load(pinDir, cgroup string) (*maps, error) {
 	for _, name := range mapNames {
 		spec.Maps[name].Pinning = ebpf.PinByName
 	}
+	if counting {
+		if err := spec.Variables[socklbVarCountConnections].Set(uint32(1)); err != nil {
+			return nil, fmt.Errorf("count_connections: %w", err)
+		}
+	}
 	var objs socklbObjects
-	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}); err != nil {
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}
+	err = spec.LoadAndAssign(&objs, opts)
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		// Pins of another layout (an earlier version's services
+		// values): new maps. The tables are written again at this sync;
+		// sockets connected before see their pod as the peer, and
+		// affinity and counts start again.
+		log.WithError(err).Warn("pinned maps of another layout: unpinned, and made again")
+		for _, name := range mapNames {
+			if err := os.Remove(filepath.Join(pinDir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return nil, err
+			}
+		}
+		err = spec.LoadAndAssign(&objs, opts)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("load the socket programs: %w", err)
 	}
-	m := &maps{services: kernelMap{objs.Services}, slots: kernelMap{objs.Slots}, revnat: objs.Revnat}
+	m := &maps{services: kernelMap{objs.Services}, slots: kernelMap{objs.Slots}, revnat: objs.Revnat,
+		counts: kernelCounters{objs.Counts}, names: kernelMap{objs.Names},
+		members: kernelMap{objs.Members}, affinity: objs.Affinity}
 	progs := map[string]*ebpf.Program{
 		socklbProgSyConnect4: objs.SyConnect4, socklbProgSyConnect6: objs.SyConnect6,
 		socklbProgSySendmsg4: objs.SySendmsg4, socklbProgSySendmsg6: objs.SySendmsg6,

@@ -12,9 +12,11 @@
 package ebpf
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"strings"
 
 	"github.com/steelyard-net/steelyard/dataplane"
 )
@@ -28,10 +30,12 @@ const (
 // Sizes of the encoded keys and values (those of the C structs).
 const (
 	svcKeySize    = 20
-	svcValSize    = 8 // putPair
+	svcValSize    = 16
 	slotKeySize   = 8 // putPair
 	backendSize   = 20
 	revnatKeySize = 32
+	countKeySize  = svcKeySize + backendSize
+	nameSize      = 128 // struct svc_name: dataplane.NftCommentMax
 )
 
 // svcKey is a key of the services map: a VIP. Addresses are 16 bytes, IPv4
@@ -100,7 +104,8 @@ func (k *svcKey) UnmarshalBinary(b []byte) error {
 	return nil
 }
 
-// svcVal is a value of the services map: the Service port's slot table.
+// svcVal is a value of the services map: the Service port's slot table
+// and its affinity.
 type svcVal struct {
 	// ID names the table in the slots map. A changed port gets a new
 	// table under a fresh ID, and the services entry switches to it in
@@ -108,9 +113,12 @@ type svcVal struct {
 	ID uint32
 	// Count is how many slots the table has (>= 1).
 	Count uint32
+	// Affinity is the sessionAffinity ClientIP timeout in seconds (0:
+	// none).
+	Affinity uint32
 }
 
-// svc_val and slot_key are both two 32-bit words in host byte order.
+// slot_key is two 32-bit words in host byte order (svc_val four).
 func putPair(a, b uint32) []byte {
 	out := make([]byte, 8)
 	binary.NativeEndian.PutUint32(out[0:4], a)
@@ -126,13 +134,19 @@ func pairAt(what string, b []byte) (uint32, uint32, error) {
 }
 
 // MarshalBinary encodes struct svc_val (host byte order, as the program
-// reads it).
-func (v svcVal) MarshalBinary() ([]byte, error) { return putPair(v.ID, v.Count), nil }
+// reads it; the pad word zero).
+func (v svcVal) MarshalBinary() ([]byte, error) {
+	return append(putPair(v.ID, v.Count), putPair(v.Affinity, 0)...), nil
+}
 
 // UnmarshalBinary decodes struct svc_val.
 func (v *svcVal) UnmarshalBinary(b []byte) (err error) {
-	v.ID, v.Count, err = pairAt("services value", b)
-	return err
+	if len(b) != svcValSize {
+		return fmt.Errorf("services value: %d bytes, want %d", len(b), svcValSize)
+	}
+	v.ID, v.Count, _ = pairAt("services value", b[:8])
+	v.Affinity = binary.NativeEndian.Uint32(b[8:12])
+	return nil
 }
 
 // slotKey is a key of the slots map: one slot of one table.
@@ -178,3 +192,77 @@ func (v *backendVal) UnmarshalBinary(b []byte) error {
 
 // addrPort returns the backend as an address and port.
 func (v backendVal) addrPort() netip.AddrPort { return netip.AddrPortFrom(v.Addr, v.Port) }
+
+// countKey is a key of the counts map: a VIP and one of its backends. It
+// names no table or slot, so a count outlives the switch to a new table.
+type countKey struct {
+	VIP     svcKey
+	Backend backendVal
+}
+
+// MarshalBinary encodes struct count_key.
+func (k countKey) MarshalBinary() ([]byte, error) {
+	v, err := k.VIP.MarshalBinary()
+	if err != nil {
+		return nil, fmt.Errorf("counts key: %w", err)
+	}
+	b, err := k.Backend.MarshalBinary()
+	if err != nil {
+		return nil, fmt.Errorf("counts key: %w", err)
+	}
+	return append(v, b...), nil
+}
+
+// UnmarshalBinary decodes struct count_key.
+func (k *countKey) UnmarshalBinary(b []byte) error {
+	if len(b) != countKeySize {
+		return fmt.Errorf("counts key: %d bytes, want %d", len(b), countKeySize)
+	}
+	if err := k.VIP.UnmarshalBinary(b[:svcKeySize]); err != nil {
+		return err
+	}
+	return k.Backend.UnmarshalBinary(b[svcKeySize:])
+}
+
+// nameVal is a value of the names map: a Service port's name as the
+// nftables comments hold it (dataplane.ShortName within nameSize bytes),
+// NUL-padded (a name of exactly nameSize bytes has no NUL).
+type nameVal string
+
+// MarshalBinary encodes struct svc_name. A longer name is refused
+// (desiredTables shortens every name first).
+func (n nameVal) MarshalBinary() ([]byte, error) {
+	if len(n) > nameSize || strings.IndexByte(string(n), 0) >= 0 {
+		return nil, fmt.Errorf("names value: %d bytes or a NUL in %q", len(n), string(n))
+	}
+	b := make([]byte, nameSize)
+	copy(b, n)
+	return b, nil
+}
+
+// UnmarshalBinary decodes struct svc_name: the bytes before the first NUL.
+func (n *nameVal) UnmarshalBinary(b []byte) error {
+	if len(b) != nameSize {
+		return fmt.Errorf("names value: %d bytes, want %d", len(b), nameSize)
+	}
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		b = b[:i]
+	}
+	*n = nameVal(b)
+	return nil
+}
+
+// member is a value of the members map: the key's presence is what
+// counts (a backend of a ClientIP affinity port).
+type member struct{}
+
+// MarshalBinary encodes the members map's one-byte value.
+func (member) MarshalBinary() ([]byte, error) { return []byte{1}, nil }
+
+// UnmarshalBinary decodes it.
+func (*member) UnmarshalBinary(b []byte) error {
+	if len(b) != 1 {
+		return fmt.Errorf("members value: %d bytes, want 1", len(b))
+	}
+	return nil
+}

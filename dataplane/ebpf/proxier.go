@@ -27,6 +27,10 @@ type Config struct {
 	// NFTables configures the nftables dataplane that serves the entry
 	// points no local socket starts.
 	NFTables nftables.Config
+	// CountConnections counts each endpoint's new connections: the socket
+	// programs' choices in the counts map (counts.go), and the nftables
+	// half's (NFTables.CountConnections, set with it).
+	CountConnections bool
 }
 
 // kernel is the socket programs' state shared by both families: one set
@@ -63,6 +67,7 @@ func NewDualStackKernel(cfg Config) (*dataplane.DualStack, error) {
 	if err := CheckCgroup(cfg.CgroupPath); err != nil {
 		return nil, err
 	}
+	cfg.NFTables.CountConnections = cfg.CountConnections
 	nft, err := nftables.NewDualStackKernel(cfg.NFTables)
 	if err != nil {
 		return nil, err
@@ -79,17 +84,24 @@ func newDualStack(nft *dataplane.DualStack, cfg Config) *dataplane.DualStack {
 }
 
 // NewDualStackMem returns the ebpf mode over nft (nftables fakes) with its
-// maps in memory (MemMap): for tests of what is written, without a kernel.
-func NewDualStackMem(nft *dataplane.DualStack) *dataplane.DualStack {
-	m := &maps{services: NewMemMap(svcKeySize, svcValSize, 65536), slots: NewMemMap(slotKeySize, backendSize, 1<<22)}
-	k := &kernel{m: m,
+// maps in memory (MemMap, MemCounters): for tests of what is written,
+// without a kernel. counting is Config.CountConnections.
+func NewDualStackMem(nft *dataplane.DualStack, counting bool) *dataplane.DualStack {
+	m := memMapsFull()
+	k := &kernel{m: m, cfg: Config{CountConnections: counting},
 		read: func() (*maps, bool, error) { return m, true, nil },
 		unload: func() error {
-			*m = maps{services: NewMemMap(svcKeySize, svcValSize, 65536), slots: NewMemMap(slotKeySize, backendSize, 1<<22)}
+			*m = *memMapsFull()
 			return nil
 		},
 	}
 	return k.dualStack(nft)
+}
+
+// memMapsFull returns empty in-memory maps of the kernel's sizes.
+func memMapsFull() *maps {
+	return &maps{services: NewMemMap(svcKeySize, svcValSize, 65536), slots: NewMemMap(slotKeySize, backendSize, 1<<22),
+		counts: NewMemCounters(2, 1<<20), names: NewMemMap(svcKeySize, nameSize, 65536), members: NewMemMap(countKeySize, 1, 1<<20)}
 }
 
 func (k *kernel) dualStack(nft *dataplane.DualStack) *dataplane.DualStack {
@@ -136,7 +148,7 @@ func (k *kernel) maps() (*maps, error) {
 		return nil, err
 	}
 	t0 := time.Now()
-	m, err := load(k.cfg.PinDir, k.cfg.CgroupPath)
+	m, err := load(k.cfg.PinDir, k.cfg.CgroupPath, k.cfg.CountConnections)
 	if err != nil {
 		return nil, err
 	}
@@ -161,9 +173,20 @@ func (p *Proxier) Sync(s dataplane.State, req dataplane.SyncRequest) (dataplane.
 	if err != nil {
 		return res, err
 	}
-	changed, err := syncTables(m, desiredTables(s), p.family)
+	want := desiredTables(s)
+	cs, err := prepareCounts(m, want, p.family, p.k.cfg.CountConnections)
+	if err != nil {
+		return res, fmt.Errorf("socket counters: %w", err)
+	}
+	if err := syncMembers(m, want, p.family); err != nil {
+		return res, fmt.Errorf("socket affinity: %w", err)
+	}
+	changed, err := syncTables(m, want, p.family)
 	if err != nil {
 		return res, fmt.Errorf("socket tables: %w", err)
+	}
+	if err := cs.prune(); err != nil {
+		return res, fmt.Errorf("socket counters: %w", err)
 	}
 	if changed > 0 {
 		log.WithField("family", p.family).WithField("ports", changed).Debug("socket tables written")
@@ -171,16 +194,27 @@ func (p *Proxier) Sync(s dataplane.State, req dataplane.SyncRequest) (dataplane.
 	return res, nil
 }
 
-// ErrNotCounted is what Counts returns: the socket programs choose a
-// backend at connect() and count nothing yet, so the counts of the
-// nftables half alone (node ports, sockets outside the cgroup) would show
-// a split that is not the one clients get (issue 23 asks for map
-// counters here; docs/dataplanes.md).
-var ErrNotCounted = errors.New("ebpf mode: the backends chosen at the socket are not counted yet")
-
-// Counts implements dataplane.Dataplane: not yet (ErrNotCounted).
+// Counts implements dataplane.Dataplane: the nftables half's counts (node
+// ports, external IPs, sockets outside the cgroup, connected UDP) plus
+// the socket programs' of the family's VIPs, summed per endpoint: one
+// endpoint's connections through every path in one count.
 func (p *Proxier) Counts() ([]dataplane.EndpointCount, error) {
-	return nil, ErrNotCounted
+	nft, err := p.nft.Counts()
+	if err != nil {
+		return nil, err
+	}
+	m, ok, err := p.k.read()
+	if err != nil || !ok {
+		return nft, err
+	}
+	if m != p.k.m {
+		defer m.Close()
+	}
+	sock, err := socketCounts(m, p.family)
+	if err != nil {
+		return nil, err
+	}
+	return dataplane.MergeCounts(nft, sock), nil
 }
 
 // Explain implements dataplane.Dataplane: the nftables views, with the
@@ -271,6 +305,7 @@ func applyTable(v *dataplane.ServiceView, t table) {
 	}
 	v.Backends = []dataplane.BackendView{}
 	v.Reject, v.Drop = false, false
+	v.AffinitySeconds = int(t.affinity)
 	for ap, c := range counts {
 		v.Backends = append(v.Backends, dataplane.BackendView{IP: ap.Addr().String(), Port: ap.Port(),
 			Share: dataplane.RoundShare(100 * float64(c) / float64(len(t.slots)))})

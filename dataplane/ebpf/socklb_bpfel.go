@@ -13,11 +13,32 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type socklbAffKey struct {
+	_      structs.HostLayout
+	Netns  uint64
+	Client [4]uint32
+	Vip    socklbSvcKey
+	Pad    uint32
+}
+
+type socklbAffVal struct {
+	_   structs.HostLayout
+	Be  socklbBackend
+	Pad uint32
+	At  uint64
+}
+
 type socklbBackend struct {
 	_    structs.HostLayout
 	Addr [4]uint32
 	Port uint16
 	Pad  uint16
+}
+
+type socklbCountKey struct {
+	_   structs.HostLayout
+	Vip socklbSvcKey
+	Be  socklbBackend
 }
 
 type socklbRevnatKey struct {
@@ -43,27 +64,39 @@ type socklbSvcKey struct {
 	Pad   uint8
 }
 
+type socklbSvcName struct {
+	_    structs.HostLayout
+	Name [128]int8
+}
+
 type socklbSvcVal struct {
-	_     structs.HostLayout
-	Id    uint32
-	Count uint32
+	_        structs.HostLayout
+	Id       uint32
+	Count    uint32
+	Affinity uint32
+	Pad      uint32
 }
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	socklbMapRevnat          = "revnat"
-	socklbMapServices        = "services"
-	socklbMapSlots           = "slots"
-	socklbProgSyConnect4     = "sy_connect4"
-	socklbProgSyConnect6     = "sy_connect6"
-	socklbProgSyGetpeername4 = "sy_getpeername4"
-	socklbProgSyGetpeername6 = "sy_getpeername6"
-	socklbProgSyRecvmsg4     = "sy_recvmsg4"
-	socklbProgSyRecvmsg6     = "sy_recvmsg6"
-	socklbProgSySendmsg4     = "sy_sendmsg4"
-	socklbProgSySendmsg6     = "sy_sendmsg6"
+	socklbMapAffinity         = "affinity"
+	socklbMapCounts           = "counts"
+	socklbMapMembers          = "members"
+	socklbMapNames            = "names"
+	socklbMapRevnat           = "revnat"
+	socklbMapServices         = "services"
+	socklbMapSlots            = "slots"
+	socklbProgSyConnect4      = "sy_connect4"
+	socklbProgSyConnect6      = "sy_connect6"
+	socklbProgSyGetpeername4  = "sy_getpeername4"
+	socklbProgSyGetpeername6  = "sy_getpeername6"
+	socklbProgSyRecvmsg4      = "sy_recvmsg4"
+	socklbProgSyRecvmsg6      = "sy_recvmsg6"
+	socklbProgSySendmsg4      = "sy_sendmsg4"
+	socklbProgSySendmsg6      = "sy_sendmsg6"
+	socklbVarCountConnections = "count_connections"
 )
 
 // loadSocklb returns the embedded CollectionSpec for socklb.
@@ -122,6 +155,10 @@ type socklbProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type socklbMapSpecs struct {
+	Affinity *ebpf.MapSpec `ebpf:"affinity"`
+	Counts   *ebpf.MapSpec `ebpf:"counts"`
+	Members  *ebpf.MapSpec `ebpf:"members"`
+	Names    *ebpf.MapSpec `ebpf:"names"`
 	Revnat   *ebpf.MapSpec `ebpf:"revnat"`
 	Services *ebpf.MapSpec `ebpf:"services"`
 	Slots    *ebpf.MapSpec `ebpf:"slots"`
@@ -131,6 +168,7 @@ type socklbMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type socklbVariableSpecs struct {
+	CountConnections *ebpf.VariableSpec `ebpf:"count_connections"`
 }
 
 // socklbObjects contains all objects after they have been loaded into the kernel.
@@ -153,6 +191,10 @@ func (o *socklbObjects) Close() error {
 //
 // It can be passed to loadSocklbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type socklbMaps struct {
+	Affinity *ebpf.Map `ebpf:"affinity"`
+	Counts   *ebpf.Map `ebpf:"counts"`
+	Members  *ebpf.Map `ebpf:"members"`
+	Names    *ebpf.Map `ebpf:"names"`
 	Revnat   *ebpf.Map `ebpf:"revnat"`
 	Services *ebpf.Map `ebpf:"services"`
 	Slots    *ebpf.Map `ebpf:"slots"`
@@ -160,6 +202,10 @@ type socklbMaps struct {
 
 func (m *socklbMaps) Close() error {
 	return _SocklbClose(
+		m.Affinity,
+		m.Counts,
+		m.Members,
+		m.Names,
 		m.Revnat,
 		m.Services,
 		m.Slots,
@@ -170,6 +216,7 @@ func (m *socklbMaps) Close() error {
 //
 // It can be passed to loadSocklbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type socklbVariables struct {
+	CountConnections *ebpf.Variable `ebpf:"count_connections"`
 }
 
 // socklbPrograms contains all programs after they have been loaded into the kernel.

@@ -13,18 +13,26 @@ import (
 type table struct {
 	key   svcKey
 	slots []backendVal
+	// name is the Service port's, shortened as the nftables comments
+	// (the names map; tables read back from the kernel have none).
+	name string
+	// affinity is the ClientIP timeout in seconds (0: none), and members
+	// the backends an affinity entry may keep a client on: those with
+	// slots (desired tables only).
+	affinity uint32
+	members  []backendVal
 }
 
 // socketServed reports whether the socket programs choose the backends of
 // sp's clusterIP (for TCP connects and unconnected UDP sends; connected
-// UDP sockets go through nftables, see bpf/socklb.c). The others go through the maps untouched and the
-// nftables rules (which carry every clusterIP as well) serve them:
-// sessionAffinity ClientIP (the client's address is not known at
-// connect() yet), a reject share (Gateway API invalid backendRefs), no
-// backend for internal traffic (rejected or dropped by nftables), SCTP.
+// UDP sockets go through nftables, see bpf/socklb.c), sessionAffinity
+// ClientIP included. The others go through the maps untouched and the
+// nftables rules (which carry every clusterIP as well) serve them: a
+// reject share (Gateway API invalid backendRefs), no backend for internal
+// traffic (rejected or dropped by nftables), SCTP.
 func socketServed(sp *dataplane.ServicePort) bool {
 	_, ok := svcKeyOf(sp.VIP)
-	return ok && sp.AffinitySeconds == 0 && sp.RejectWeight == 0 && len(sp.InternalBackends()) > 0
+	return ok && sp.RejectWeight == 0 && len(sp.InternalBackends()) > 0
 }
 
 // desiredTables returns the tables of the Service ports of s that the
@@ -43,10 +51,16 @@ func desiredTables(s dataplane.State) map[svcKey]table {
 			weights[j] = b.Weight
 		}
 		counts, n := Fill(weights)
-		t := table{key: key, slots: make([]backendVal, 0, n)}
+		t := table{key: key, slots: make([]backendVal, 0, n), name: dataplane.ShortName(sp.Name.String(), nameSize)}
 		for j, b := range bs {
 			for range counts[j] {
 				t.slots = append(t.slots, backendVal{Addr: b.IP, Port: b.Port})
+			}
+		}
+		if sp.AffinitySeconds > 0 {
+			t.affinity = uint32(sp.AffinitySeconds)
+			for _, b := range bs {
+				t.members = append(t.members, backendVal{Addr: b.IP, Port: b.Port})
 			}
 		}
 		out[key] = t
@@ -79,7 +93,7 @@ func liveTables(m *maps) (map[svcKey]table, map[svcKey]svcVal, map[uint32][]uint
 	}
 	out := map[svcKey]table{}
 	for key, v := range vals {
-		t := table{key: key, slots: make([]backendVal, v.Count)}
+		t := table{key: key, slots: make([]backendVal, v.Count), affinity: v.Affinity}
 		for i := range t.slots {
 			t.slots[i] = byID[v.ID][uint32(i)]
 		}
@@ -120,7 +134,7 @@ func syncTables(m *maps, want map[svcKey]table, family int) (changed int, err er
 	}
 	var errs []error
 	for key, t := range want {
-		if l, ok := live[key]; ok && slices.Equal(l.slots, t.slots) {
+		if l, ok := live[key]; ok && slices.Equal(l.slots, t.slots) && l.affinity == t.affinity {
 			continue
 		}
 		id := freshID()
@@ -129,7 +143,7 @@ func syncTables(m *maps, want map[svcKey]table, family int) (changed int, err er
 			errs = append(errs, fmt.Errorf("%s: %w", key.String(), err))
 			continue
 		}
-		if err := m.services.Put(key, svcVal{ID: id, Count: uint32(len(t.slots))}); err != nil {
+		if err := m.services.Put(key, svcVal{ID: id, Count: uint32(len(t.slots)), Affinity: t.affinity}); err != nil {
 			deleteTable(m, id, len(t.slots))
 			errs = append(errs, fmt.Errorf("%s: %w", key.String(), err))
 			continue

@@ -104,7 +104,8 @@ func TestSyncTablesFull(t *testing.T) {
 	}
 }
 
-// TestSocketServed: the ports the socket programs leave to nftables.
+// TestSocketServed: the ports the socket programs leave to nftables;
+// ClientIP affinity is served at the socket.
 func TestSocketServed(t *testing.T) {
 	base := port("198.18.0.10", map[string]float64{"198.19.1.2": 1})
 	aff, rej, none, sctp := base, base, base, base
@@ -112,13 +113,84 @@ func TestSocketServed(t *testing.T) {
 	rej.RejectWeight = 1
 	none.Backends = nil
 	sctp.VIP.Protocol = dataplane.SCTP
-	if !socketServed(&base) {
-		t.Error("a plain TCP port is not served at the socket")
+	for name, sp := range map[string]dataplane.ServicePort{"plain": base, "affinity": aff} {
+		if !socketServed(&sp) {
+			t.Errorf("%s: not served at the socket", name)
+		}
 	}
-	for name, sp := range map[string]dataplane.ServicePort{"affinity": aff, "reject share": rej, "no backend": none, "SCTP": sctp} {
+	for name, sp := range map[string]dataplane.ServicePort{"reject share": rej, "no backend": none, "SCTP": sctp} {
 		if socketServed(&sp) {
 			t.Errorf("%s: served at the socket, want nftables", name)
 		}
+	}
+}
+
+// members returns the members of vip's port (an independent read).
+func members(t *testing.T, m *maps, vip string) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	var k countKey
+	var v member
+	if err := m.members.Each(&k, &v, func() {
+		if k.VIP.Addr.String() == vip {
+			out[k.Backend.Addr.String()] = true
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestAffinityTables: an affinity port's timeout is in its services entry
+// and its backends with slots are members (weight 0 is not); an endpoint that leaves
+// stops being one, a new timeout is a new table, and a port without
+// affinity has no members.
+func TestAffinityTables(t *testing.T) {
+	d, m := countedDualStack(false)
+	aff := port("198.18.0.26", map[string]float64{"198.19.24.2": 20, "198.19.24.3": 80, "198.19.24.4": 0})
+	aff.AffinitySeconds = 2
+	plain := port("198.18.0.10", map[string]float64{"198.19.1.2": 1})
+	syncState(t, d, aff, plain)
+	_, vals, _, err := liveTables(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := svcKey{Addr: netip.MustParseAddr("198.18.0.26"), Port: 80, Proto: protoTCP}
+	if v := vals[key]; v.Affinity != 2 || v.Count != 5 {
+		t.Errorf("services entry %+v, want 5 slots and affinity 2 s", v)
+	}
+	if got := members(t, m, "198.18.0.26"); len(got) != 2 || got["198.19.24.4"] {
+		t.Errorf("members %v, want 198.19.24.2 and .3 (weight 0 is not)", got)
+	}
+	if got := members(t, m, "198.18.0.10"); len(got) != 0 {
+		t.Errorf("a port without affinity has members %v", got)
+	}
+	views, err := d.Explain()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range views {
+		if v.VIP == "198.18.0.26" && v.Entry == dataplane.EntryClusterIP && v.AffinitySeconds != 2 {
+			t.Errorf("explain: %+v, want affinity 2 s", v)
+		}
+	}
+
+	// 198.19.24.2 leaves, .4 gets a weight, the timeout becomes 5 s.
+	aff = port("198.18.0.26", map[string]float64{"198.19.24.3": 80, "198.19.24.4": 20})
+	aff.AffinitySeconds = 5
+	syncState(t, d, aff, plain)
+	_, vals, _, _ = liveTables(m)
+	if v := vals[key]; v.Affinity != 5 {
+		t.Errorf("services entry %+v, want affinity 5 s", v)
+	}
+	if got := members(t, m, "198.18.0.26"); len(got) != 2 || got["198.19.24.2"] {
+		t.Errorf("members %v, want 198.19.24.3 and .4 only", got)
+	}
+	// Affinity off: no members left.
+	aff.AffinitySeconds = 0
+	syncState(t, d, aff, plain)
+	if n := m.members.(*MemMap).Len(); n != 0 {
+		t.Errorf("%d members left after affinity went", n)
 	}
 }
 

@@ -167,18 +167,19 @@ func TestIngressPatch(t *testing.T) {
 // TestValues: each value reaches the object and field it names.
 func TestValues(t *testing.T) {
 	files := render(t, map[string]any{
-		"mode":            "nftables",
-		"iptablesMode":    "legacy",
-		"apiServer":       "198.19.0.1:6443",
-		"clusterCIDR":     "198.19.64.0/18",
-		"detectLocalMode": "NodeCIDR",
-		"image":           map[string]any{"repository": "example.test/steelyard", "tag": "v9.9.9", "pullPolicy": "Always"},
-		"resources":       map[string]any{"limits": map[string]any{"memory": "512Mi"}},
-		"tolerations":     []any{map[string]any{"key": "dedicated", "operator": "Equal", "value": "lb", "effect": "NoSchedule"}},
-		"nodeSelector":    map[string]any{"kubernetes.io/os": "linux"},
-		"metrics":         map[string]any{"enabled": false},
-		"gateway":         map[string]any{"enabled": true, "addressPool": "198.18.255.0/24"},
-		"extraArgs":       []any{"--localhost-nodeports=false"},
+		"mode":             "nftables",
+		"iptablesMode":     "legacy",
+		"apiServer":        "198.19.0.1:6443",
+		"clusterCIDR":      "198.19.64.0/18",
+		"detectLocalMode":  "NodeCIDR",
+		"image":            map[string]any{"repository": "example.test/steelyard", "tag": "v9.9.9", "pullPolicy": "Always"},
+		"resources":        map[string]any{"limits": map[string]any{"memory": "512Mi"}},
+		"tolerations":      []any{map[string]any{"key": "dedicated", "operator": "Equal", "value": "lb", "effect": "NoSchedule"}},
+		"nodeSelector":     map[string]any{"kubernetes.io/os": "linux"},
+		"metrics":          map[string]any{"enabled": false},
+		"countConnections": true,
+		"gateway":          map[string]any{"enabled": true, "addressPool": "198.18.255.0/24"},
+		"extraArgs":        []any{"--localhost-nodeports=false"},
 	})
 	cms := configMaps(t, files)
 	for k, want := range map[string]string{"MODE": "nftables", "IPTABLES_MODE": "legacy", "CLUSTER_CIDR": "198.19.64.0/18", "DETECT_LOCAL_MODE": "NodeCIDR"} {
@@ -206,7 +207,7 @@ func TestValues(t *testing.T) {
 	if spec.NodeSelector["kubernetes.io/os"] != "linux" {
 		t.Errorf("nodeSelector = %v", spec.NodeSelector)
 	}
-	for _, want := range []string{"--metrics-bind-address=", "--gateway", "--gateway-address-pool=198.18.255.0/24", "--localhost-nodeports=false"} {
+	for _, want := range []string{"--metrics-bind-address=", "--count-connections", "--gateway", "--gateway-address-pool=198.18.255.0/24", "--localhost-nodeports=false"} {
 		if !slices.Contains(agent.Args, want) {
 			t.Errorf("args %q lack %q", agent.Args, want)
 		}
@@ -226,6 +227,9 @@ func TestValues(t *testing.T) {
 	// IPv6 in brackets; beside kube-proxy no apiserver ConfigMap at all.
 	if got := configMaps(t, render(t, map[string]any{"apiServer": "[2001:2::1]:443"}))["steelyard-apiserver"]; got["KUBERNETES_SERVICE_HOST"] != "2001:2::1" || got["KUBERNETES_SERVICE_PORT"] != "443" {
 		t.Errorf("[2001:2::1]:443: steelyard-apiserver = %v", got)
+	}
+	if strings.Contains(render(t, nil)["30-daemonset.yaml"], "--count-connections") {
+		t.Error("--count-connections rendered with countConnections at its default (false)")
 	}
 	if _, ok := configMaps(t, render(t, nil))["steelyard-apiserver"]; ok {
 		t.Error("apiServer empty: steelyard-apiserver rendered")

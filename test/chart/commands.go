@@ -162,11 +162,12 @@ var lintValues = []map[string]any{
 	nil,
 	{
 		"apiServer": "198.19.0.1:6443", "clusterCIDR": "198.19.64.0/18", "mode": "nftables",
-		"ingress":   map[string]any{"enabled": true, "upstreams": "pods", "defaultClass": true},
-		"gateway":   map[string]any{"enabled": true, "addressPool": "198.18.255.0/24"},
-		"metrics":   map[string]any{"enabled": false},
-		"cni":       map[string]any{"install": false},
-		"extraArgs": []any{"--localhost-nodeports=false"},
+		"ingress":          map[string]any{"enabled": true, "upstreams": "pods", "defaultClass": true},
+		"gateway":          map[string]any{"enabled": true, "addressPool": "198.18.255.0/24"},
+		"metrics":          map[string]any{"enabled": false},
+		"countConnections": true,
+		"cni":              map[string]any{"install": false},
+		"extraArgs":        []any{"--localhost-nodeports=false"},
 	},
 }
 

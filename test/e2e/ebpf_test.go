@@ -15,7 +15,10 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/steelyard-net/steelyard/test/sandbox"
+	"github.com/steelyard-net/steelyard/test/viewcheck"
 )
 
 // The ebpf mode's cgroup and bpffs. The socket programs attach to a cgroup
@@ -147,12 +150,14 @@ func removeDeadCgroups() {
 // chosen at the socket, so no packet carries the VIP (the node's conntrack
 // never sees it), while the application still sees the VIP as its peer
 // (getpeername) and as the source of unconnected UDP replies (recvmsg);
-// and `cleanup --mode ebpf` detaches the programs and unpins the maps.
+// each datagram's choice is counted (--count-connections) and the counts
+// go when the agent runs without it; and `cleanup --mode ebpf` detaches
+// the programs and unpins the maps.
 func TestEBPFSocketLB(t *testing.T) {
 	f := newFixture(t, modeNamed(t, "ebpf"))
 	f.addPods(webService, dnsService)
 	f.write("services.yaml", webService, dnsService)
-	f.start()
+	f.start("--count-connections")
 
 	r, err := f.client.TCPConns(addrPort(webService.vip, 80), 2000, sandbox.Load{})
 	if err != nil {
@@ -227,6 +232,27 @@ func TestEBPFSocketLB(t *testing.T) {
 	if strings.Contains(out, "dst="+dnsService.vip+" ") || !strings.Contains(out, "dst=198.19.4.") {
 		t.Errorf("the node's conntrack: want dns pods and never the VIP:\n%s", out)
 	}
+	// Counted at the socket, one per sendmsg(): the total is every datagram
+	// sent, and each backend's count the replies it sent (a lost reply
+	// leaves its datagram counted where the client cannot tell).
+	obs := f.observed(dnsService.vip, 53)
+	t.Logf("observed at the socket: %+v", obs)
+	if obs.Total != uint64(res.Attempted) {
+		t.Errorf("counted %d datagrams' choices, the client sent %d", obs.Total, res.Attempted)
+	}
+	names := map[string]string{}
+	for _, p := range dnsService.endpoints {
+		names[p.ip] = p.name
+	}
+	if res.Failed() == 0 {
+		viewcheck.ExpectObserved(t, obs, res, names, map[string]float64{"dns-1": 10, "dns-2": 90}, 2)
+	} else {
+		for _, b := range obs.Backends {
+			if got := int(b.Count); got < res.Counts[names[b.IP]] || got > res.Counts[names[b.IP]]+res.Failed() {
+				t.Errorf("%s: counted %d, the client got %d replies from it (%d lost)", b.IP, got, res.Counts[names[b.IP]], res.Failed())
+			}
+		}
+	}
 
 	// A restart moves the pinned links to the new programs: still one
 	// attachment per hook, on the suite's cgroup.
@@ -236,6 +262,10 @@ func TestEBPFSocketLB(t *testing.T) {
 	f.start()
 	if strings.Contains(f.agent.Log(), "another cgroup") {
 		t.Errorf("the restarted agent found its links on another cgroup:\n%s", f.agent.Log())
+	}
+	// Restarted without --count-connections: the counters are gone.
+	if obs := f.observed(dnsService.vip, 53); obs.Total != 0 {
+		t.Errorf("after a restart without --count-connections: %d still counted", obs.Total)
 	}
 	cg := f.modeArgs()[slices.Index(f.modeArgs(), "--cgroup-path")+1]
 	out, err = f.sb.Node.Exec("bpftool", "cgroup", "show", cg)
@@ -261,5 +291,77 @@ func TestEBPFSocketLB(t *testing.T) {
 	}
 	if out, err := f.sb.Node.Exec("bpftool", "cgroup", "show", cg); err != nil || strings.Contains(out, "sy_") {
 		t.Errorf("bpftool cgroup show after cleanup (%v):\n%s", err, out)
+	}
+}
+
+// TestEBPFAffinityFollowsEndpoints: sessionAffinity ClientIP at the socket
+// keeps a client on its pod through changes of the Service's other
+// endpoints, and never returns a pod that left or whose weight became 0
+// (the members map), within a timeout (300 s) far longer than the test.
+// 50 connections of one unbound client each time: without affinity all
+// 50 on one of two equal pods has probability 2^-49.
+func TestEBPFAffinityFollowsEndpoints(t *testing.T) {
+	one := pEndpoint{name: "stick-1", ip: "198.19.40.2"}
+	two := pEndpoint{name: "stick-2", ip: "198.19.40.3"}
+	svcOf := func(weights string, eps ...pEndpoint) pService {
+		return pService{name: "stick", clusterIPs: []string{"198.18.0.40"}, port: 80, targetPort: 8080, weights: weights, endpoints: eps,
+			tweak: func(s *corev1.Service) {
+				s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+				sec := int32(300)
+				s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: &sec}}
+			}}
+	}
+	f := newFixture(t, modeNamed(t, "ebpf"))
+	f.addSourcePods(svcOf("", one, two))
+	f.writeParity("stick.yaml", svcOf("", one, two))
+	f.start()
+	sticky := func(when string) string {
+		t.Helper()
+		r, err := f.client.TCPConnsAny(ap("198.18.0.40:80"), 50, sandbox.Load{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: %s", when, r)
+		if len(r.Counts) != 1 || r.Failed() > 0 {
+			t.Fatalf("%s: one client reached %v (failed %d), want one pod", when, r.Counts, r.Failed())
+		}
+		for name := range r.Counts {
+			return name
+		}
+		return ""
+	}
+	change := func(s pService) {
+		t.Helper()
+		f.writeParity("stick.yaml", s)
+		f.waitVerify(20 * time.Second)
+	}
+
+	first := sticky("start")
+	stay, other := one, two
+	if first == two.name {
+		stay, other = two, one
+	}
+	// Its pod leaves: the client goes to the other one.
+	change(svcOf("", other))
+	if got := sticky(first + " left"); got != other.name {
+		t.Errorf("after %s left the client reached %s, want %s", first, got, other.name)
+	}
+	// It comes back: the client keeps the pod it has now.
+	change(svcOf("", one, two))
+	if got := sticky(first + " back"); got != other.name {
+		t.Errorf("after %s came back the client moved to %s, want it kept on %s", first, got, other.name)
+	}
+	// That pod goes to weight 0: the client moves back.
+	change(svcOf(other.name+"=0,"+stay.name+"=1", one, two))
+	if got := sticky(other.name + " at weight 0"); got != stay.name {
+		t.Errorf("with %s at weight 0 the client reached %s, want %s", other.name, got, stay.name)
+	}
+	// All of it at the socket: no packet carried the VIP.
+	out, _, err := f.sb.Node.Exec2("conntrack", "-L", "-p", "tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out, "dst=198.18.0.40 ") || !strings.Contains(out, "dst=198.19.40.") {
+		t.Errorf("the node's conntrack: want the stick pods and never the VIP:\n%s", out)
 	}
 }

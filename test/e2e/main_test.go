@@ -220,9 +220,18 @@ func (f *fixture) start(extra ...string) {
 }
 
 // agentSynced tells whether an agent log (text or JSON format) shows a
-// completed sync.
+// completed sync: the agent's own line, not a dataplane's "synced" at
+// debug level, which the nftables half of the ebpf mode logs before the
+// socket programs are attached (connections made then went through
+// nftables, and TestEBPFSocketLB saw the VIP in conntrack).
 func agentSynced(log string) bool {
-	return strings.Contains(log, "msg=synced") || strings.Contains(log, `"msg":"synced"`)
+	for _, line := range strings.Split(log, "\n") {
+		if (strings.Contains(line, "msg=synced") || strings.Contains(line, `"msg":"synced"`)) &&
+			(strings.Contains(line, "subsys=agent") || strings.Contains(line, `"subsys":"agent"`)) {
+			return true
+		}
+	}
+	return false
 }
 
 // steelyard runs a CLI command in the node namespace.

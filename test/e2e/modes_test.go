@@ -40,17 +40,13 @@ const (
 	featLoadBalancer feature = "load-balancer IPs and loadBalancerSourceRanges"
 	featLocalPolicy  feature = "Local traffic policies"
 	featAffinity     feature = "sessionAffinity ClientIP"
-	featCounting     feature = "per-endpoint connection counts (--count-connections)"
 )
 
 // notYet is THE one place that says which features a mode does not serve
 // yet: a case that needs one is skipped in that mode only, with
 // "<mode>: not yet: ...". A new dataplane starts here with its gaps
 // listed; docs/dataplanes.md says the same.
-var notYet = map[string][]feature{
-	// The socket programs count nothing yet (dataplane/ebpf.ErrNotCounted).
-	"ebpf": {featCounting},
-}
+var notYet = map[string][]feature{}
 
 // kernelCase is one row of the suite.
 type kernelCase struct {
@@ -68,7 +64,6 @@ var kernelCases = []kernelCase{
 	{name: "UDPShares", run: caseUDPShares},
 	{name: "OtherOrigins", run: caseOtherOrigins},
 	// observed_test.go
-	// A mode that cannot count yet must refuse --count-connections.
 	{name: "ObservedShares", run: caseObservedShares},
 	// lifecycle_test.go
 	{name: "EstablishedConnectionSurvivesRestartAndDrain", run: caseEstablishedConnectionSurvivesRestartAndDrain},

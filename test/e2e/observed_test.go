@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"strings"
 	"testing"
 	"time"
 
@@ -25,10 +24,6 @@ func caseObservedShares(t *testing.T, m dpMode) {
 	f := newFixture(t, m)
 	f.addPods(webService, quadService)
 	f.write("services.yaml", webService)
-	if len(m.missing([]feature{featCounting})) > 0 {
-		expectCountingRefused(t, f)
-		return
-	}
 	f.start("--count-connections")
 
 	before := f.observed("198.18.0.10", 80)
@@ -79,32 +74,4 @@ func (f *fixture) observed(vip string, port uint16) dataplane.ObservedView {
 		f.t.Fatalf("explain --observed: %v\n%s", err, out)
 	}
 	return viewcheck.FindObserved(f.t, out, vip, port)
-}
-
-// expectCountingRefused checks what a mode that cannot count yet (notYet
-// lists featCounting) does when asked to: the agent refuses to start with
-// a clear error instead of exporting counts that are not the split its
-// clients get, and writes nothing first.
-func expectCountingRefused(t *testing.T, f *fixture) {
-	t.Helper()
-	args := append([]string{"run", "--manifests", f.dir, "--cluster-cidr", sandbox.ClusterCIDR.String()}, f.modeArgs()...)
-	a, err := f.sb.StartAgent(steelyardBin, append(args, "--count-connections")...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-a.Done():
-	case <-time.After(20 * time.Second):
-		t.Fatalf("the agent still runs with --count-connections after 20 s, want a refusal; log:\n%s", a.Log())
-	}
-	if _, err := a.Exited(); err == nil {
-		t.Fatalf("the agent exited 0 with --count-connections, want a refusal; log:\n%s", a.Log())
-	}
-	if !strings.Contains(a.Log(), "--count-connections") || !strings.Contains(a.Log(), "not counted yet") {
-		t.Fatalf("the refusal does not say why; log:\n%s", a.Log())
-	}
-	t.Logf("%s: --count-connections refused as documented (not yet in this mode)", f.m.name)
-	if out, code := f.verify(); code == 0 {
-		t.Fatalf("verify passes after the refused start: the agent wrote rules before refusing:\n%s", out)
-	}
 }

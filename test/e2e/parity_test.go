@@ -497,6 +497,17 @@ func caseSessionAffinity(t *testing.T, m dpMode) {
 			t.Errorf("one client reached %v (failed %d), want one backend", r.Counts, r.Failed())
 		}
 	}
+	if m.name == "ebpf" {
+		// The clusterIP's affinity is kept at the socket: no packet
+		// carried the VIP (the node port's did, through nftables).
+		out, _, err := f.sb.Node.Exec2("conntrack", "-L", "-p", "tcp")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(out, "dst=198.18.0.26 ") || !strings.Contains(out, "dst=198.19.24.") {
+			t.Errorf("ebpf: the node's conntrack should have connections to the aff pods and none to the VIP:\n%s", out)
+		}
+	}
 
 	// Within the timeout a client keeps its backend; after it, it may move.
 	first := map[netip.Addr]string{}

@@ -1,0 +1,62 @@
+package ebpf
+
+import (
+	"errors"
+	"fmt"
+)
+
+// sessionAffinity ClientIP at the socket (bpf/socklb.c): the programs keep
+// each client's backend in the affinity map (LRU, written by them only)
+// with the time of its last use, and the Service's timeout in the
+// services entry. An entry is used only while its backend is in the
+// members map, which holds the backends of each affinity port that have
+// slots (a weight of 0 drains affinity clients too, as in nftables mode):
+// an endpoint that left is never returned, while the clients of the
+// endpoints that stay keep theirs through any change of the table.
+//
+// The members are synced before the tables, adds and removals alike, so
+// that a table that no longer names a backend is never live while an
+// affinity entry may still return it. The window the other way round (a
+// new table may still be the old one while its backend already left
+// members) costs nothing: a client whose entry fails the check chooses
+// again from the table, and an entry made from the old table fails at its
+// next use.
+
+// syncMembers makes the members map hold the backends with slots of the
+// affinity ports of want, for the family.
+func syncMembers(m *maps, want map[svcKey]table, family int) error {
+	if m.members == nil {
+		return nil // pins of a version without affinity at the socket
+	}
+	wanted := map[countKey]bool{}
+	for vip, t := range want {
+		for _, b := range t.members {
+			wanted[countKey{VIP: vip, Backend: b}] = true
+		}
+	}
+	live := map[countKey]bool{}
+	var k countKey
+	var v member
+	if err := m.members.Each(&k, &v, func() {
+		if familyOf(k.VIP.Addr) == family {
+			live[k] = true
+		}
+	}); err != nil {
+		return fmt.Errorf("read members: %w", err)
+	}
+	var errs []error
+	for k := range wanted {
+		if live[k] {
+			continue
+		}
+		if err := m.members.Put(k, member{}); err != nil {
+			errs = append(errs, fmt.Errorf("member %s -> %s: %w", k.VIP, k.Backend.addrPort(), err))
+		}
+	}
+	for k := range live {
+		if !wanted[k] {
+			errs = append(errs, m.members.Delete(k))
+		}
+	}
+	return errors.Join(errs...)
+}
