@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/steelyard-net/steelyard/test/node/cluster"
@@ -86,6 +87,9 @@ func migrate(t *testing.T, mode string, baseline map[string][]string) {
 		waitKubeProxySynced(t, n, vip.Addr(), time.Minute)
 	}
 	kubectl(t, "-n", "steelyard", "delete", "ds", "steelyard", "--wait=true", "--timeout=2m")
+	for _, n := range node.Nodes {
+		waitNoPod(t, "steelyard", "app.kubernetes.io/name=steelyard", n.Name, 2*time.Minute)
+	}
 	if err := onEveryNode(func(n *cluster.Node) error {
 		_, err := runOnce(t.Context(), "steelyard-cleanup-"+n.Name, "kube-system", n.Name, cluster.SteelyardImage,
 			"/bin/sh", "-c", "steelyard cleanup --mode iptables && steelyard cleanup --mode nftables")
@@ -113,7 +117,7 @@ func migrate(t *testing.T, mode string, baseline map[string][]string) {
 	for _, n := range node.Nodes {
 		t1 := time.Now()
 		kubectl(t, "label", "node", n.Name, cluster.LabelRunSteelyard+"=true", "--overwrite")
-		kubectl(t, "-n", "steelyard", "rollout", "status", "ds/steelyard", "--timeout=3m")
+		waitSteelyardReadyOn(t, n.Name, 3*time.Minute)
 		waitVerifyOn(t, n.Name, time.Minute)
 		ready := time.Since(t1)
 		kubectl(t, "label", "node", n.Name, cluster.LabelRunKubeProxy+"=false", "--overwrite")
@@ -123,6 +127,9 @@ func migrate(t *testing.T, mode string, baseline map[string][]string) {
 		if err != nil {
 			stop()
 			t.Fatalf("node %s: kube-proxy --cleanup: %v", n.Name, err)
+		}
+		if n == node.Nodes[0] {
+			t.Logf("node %s: kube-proxy --cleanup said:\n%s", n.Name, lastLines(out, 15))
 		}
 		r := rulesOn(n)
 		left := append(slices.DeleteFunc(slices.Clone(r.kube), func(l string) bool { return slices.Contains(baseline[n.Name], l) }),
@@ -422,6 +429,38 @@ func podsOn(namespace, selector, name string) int {
 		return -1
 	}
 	return len(pods.Items)
+}
+
+// waitSteelyardReadyOn waits until the DaemonSet's pod on node name is
+// Ready (its first sync is in the kernel). Not rollout status: right after
+// a node label it may still see the DaemonSet's status from before.
+func waitSteelyardReadyOn(t *testing.T, name string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		pods, err := node.Client().CoreV1().Pods("steelyard").List(t.Context(), metav1.ListOptions{
+			LabelSelector: "app.kubernetes.io/name=steelyard", FieldSelector: "spec.nodeName=" + name,
+		})
+		if err == nil {
+			for _, p := range pods.Items {
+				for _, c := range p.Status.Conditions {
+					if p.DeletionTimestamp == nil && c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+						return
+					}
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node %s: no Ready steelyard pod after %v (%v)", name, timeout, err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// lastLines is the last n lines of s.
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(l[max(0, len(l)-n):], "\n")
 }
 
 // waitNoPod waits until no pod of selector in namespace is left on node
