@@ -112,6 +112,14 @@ func migrate(t *testing.T, mode string, baseline map[string][]string) {
 	asking := keepAsking(held)
 	stop := load(t, sources)
 	t0 = time.Now()
+	// kube-proxy's DaemonSet learns to leave nodes labelled
+	// steelyard.io/kube-proxy=false (its pods roll once).
+	kubectl(t, "-n", "kube-system", "patch", "ds", "kube-proxy", "-p", cluster.KubeProxyAffinityPatch)
+	kubectl(t, "-n", "kube-system", "rollout", "status", "ds/kube-proxy", "--timeout=3m")
+	for _, n := range node.Nodes {
+		waitKubeProxySynced(t, n, vip.Addr(), time.Minute)
+	}
+	t.Logf("kube-proxy's DaemonSet patched and rolled in %v", time.Since(t0).Round(time.Second))
 	installSteelyardSelected(t, mode)
 	var there []string
 	for _, n := range node.Nodes {

@@ -48,8 +48,8 @@ const (
 // write the machine's global sysctls), so localhostNodePorts is off (it
 // needs route_localnet, in the container's read-only /proc/sys) and the
 // conntrack settings are zero (kube-proxy then leaves the host-wide
-// nf_conntrack_max alone). The DaemonSet leaves nodes labelled
-// LabelRunKubeProxy=false.
+// nf_conntrack_max alone). Like kubeadm's, the DaemonSet runs on every
+// node: the migration's first step is KubeProxyAffinityPatch.
 func KubeProxyManifests(mode, apiHost string, apiPort int) string {
 	return fmt.Sprintf(`apiVersion: v1
 kind: ServiceAccount
@@ -95,23 +95,17 @@ spec:
       priorityClassName: system-node-critical
       tolerations: [{operator: Exists}]
       nodeSelector: {kubernetes.io/os: linux}
-      affinity:
-        nodeAffinity:
-          requiredDuringSchedulingIgnoredDuringExecution:
-            nodeSelectorTerms:
-            - matchExpressions:
-              - {key: %[3]s, operator: NotIn, values: ["false"]}
       terminationGracePeriodSeconds: 5
       containers:
       - name: kube-proxy
-        image: %[4]s
+        image: %[3]s
         imagePullPolicy: IfNotPresent
         command: [/usr/local/bin/kube-proxy, --config=/var/lib/kube-proxy/config.conf, --hostname-override=$(NODE_NAME), --v=1]
         env:
         - name: NODE_NAME
           valueFrom: {fieldRef: {fieldPath: spec.nodeName}}
-        - {name: KUBERNETES_SERVICE_HOST, value: %[5]q}
-        - {name: KUBERNETES_SERVICE_PORT, value: "%[6]d"}
+        - {name: KUBERNETES_SERVICE_HOST, value: %[4]q}
+        - {name: KUBERNETES_SERVICE_PORT, value: "%[5]d"}
         securityContext:
           privileged: false
           capabilities: {add: [NET_ADMIN, NET_RAW]}
@@ -123,8 +117,14 @@ spec:
       - {name: kube-proxy, configMap: {name: kube-proxy}}
       - {name: xtables-lock, hostPath: {path: /run/xtables.lock, type: FileOrCreate}}
       - {name: lib-modules, hostPath: {path: /lib/modules}}
-`, mode, PodCIDR, LabelRunKubeProxy, KubeProxyImage, apiHost, apiPort)
+`, mode, PodCIDR, KubeProxyImage, apiHost, apiPort)
 }
+
+// KubeProxyAffinityPatch is the migration's first step: a strategic merge
+// patch of kube-proxy's DaemonSet that keeps it off the nodes labelled
+// LabelRunKubeProxy=false (`kubectl -n kube-system patch ds kube-proxy -p
+// ...`; it rolls kube-proxy's pods once, one node at a time).
+const KubeProxyAffinityPatch = `{"spec":{"template":{"spec":{"affinity":{"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"` + LabelRunKubeProxy + `","operator":"NotIn","values":["false"]}]}]}}}}}}}`
 
 // OneShotPod is a pod that runs argv once in node's network namespace
 // (hostNetwork, NET_ADMIN and NET_RAW, the xtables lock) with image and

@@ -11,8 +11,9 @@ import (
 )
 
 // The kube-proxy manifests decode strictly into the objects they claim to
-// be, the DaemonSet leaves nodes labelled LabelRunKubeProxy=false, and
-// config.conf carries the mode and the cluster CIDR.
+// be, config.conf carries the mode and the cluster CIDR, and the
+// DaemonSet runs everywhere until KubeProxyAffinityPatch keeps it off the
+// nodes labelled LabelRunKubeProxy=false.
 func TestKubeProxyManifests(t *testing.T) {
 	docs := strings.Split(KubeProxyManifests("nftables", "198.19.0.1", 6443), "\n---\n")
 	if len(docs) != 4 {
@@ -38,7 +39,14 @@ func TestKubeProxyManifests(t *testing.T) {
 	if err := yaml.UnmarshalStrict([]byte(docs[3]), &ds); err != nil {
 		t.Fatal(err)
 	}
-	terms := ds.Spec.Template.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	if ds.Spec.Template.Spec.Affinity != nil {
+		t.Errorf("kube-proxy's DaemonSet has an affinity before the migration: %+v", ds.Spec.Template.Spec.Affinity)
+	}
+	var patched appsv1.DaemonSet
+	if err := yaml.UnmarshalStrict([]byte(KubeProxyAffinityPatch), &patched); err != nil {
+		t.Fatal(err)
+	}
+	terms := patched.Spec.Template.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
 	if len(terms) != 1 || len(terms[0].MatchExpressions) != 1 {
 		t.Fatalf("node affinity %+v", terms)
 	}
