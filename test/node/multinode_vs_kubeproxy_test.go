@@ -128,6 +128,9 @@ func migrate(t *testing.T, mode string, baseline map[string][]string) {
 		waitSteelyardReadyOn(t, n.Name, 3*time.Minute)
 		waitVerifyOn(t, n.Name, time.Minute)
 		ready := time.Since(t1)
+		// No pod range given: the agent took clusterCIDR from
+		// kube-proxy's ConfigMap.
+		wantLocalDetection(t, steelyardPodOn(t, n.Name), "ClusterCIDR", cluster.PodCIDR)
 		kubectl(t, "label", "node", n.Name, cluster.LabelRunKubeProxy+"=false", "--overwrite")
 		waitNoPod(t, "kube-system", "k8s-app=kube-proxy", n.Name, 2*time.Minute)
 		out, err := runOnce(t.Context(), "kube-proxy-cleanup-"+n.Name, "kube-system", n.Name, cluster.KubeProxyImage,
