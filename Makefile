@@ -208,10 +208,13 @@ node: node-deps chart-tool
 # three nodes on a node LAN (node IPAM, routed pod ranges, zones a/b/c),
 # steelyard from manifests/ on each (no pod range given); a 10/90 Service
 # across nodes, external/internalTrafficPolicy Local, trafficDistribution,
-# kubectl drain and a DaemonSet rolling update under load. In test since it
-# is short (4 min 17 s warm at load 20-30, docs/testing.md#make-multinode).
+# kubectl drain and a DaemonSet rolling update under load, and the move from
+# kube-proxy's DaemonSet to steelyard node by node and back
+# (MIGRATE_MODES=iptables,nftables for both of kube-proxy's modes;
+# default iptables). In test since it is short (4 min 17 s warm at load
+# 20-30 before the migration test, docs/testing.md#make-multinode).
 multinode: node-deps
-	$(ROOT) env $(NODE_ENV) $(GO) test -tags node,multinode -count=1 -timeout 30m -v -run '^TestMultiNode' ./test/node/
+	$(ROOT) env $(NODE_ENV) STEELYARD_MIGRATE_MODES="$(MIGRATE_MODES)" $(GO) test -tags node,multinode -count=1 -timeout 30m -v -run '^TestMultiNode' ./test/node/
 
 # The seed's dynamic test on the real node: steelyard with --ingress, HTTP
 # load through nginx to a Deployment scaled 5 <-> 7, VIP vs pod upstreams;

@@ -12,6 +12,12 @@
 #                                                 debootstrap rootfs of
 #                                                 scripts/node/rootfs.sh plus both
 #                                                 binaries built from this tree
+#   registry.k8s.io/kube-proxy:v1.37.2            the same rootfs (iptables in both
+#                                                 flavours, nft, conntrack) plus the
+#                                                 control-plane cache's kube-proxy
+#                                                 (scripts/control-plane/build.sh): a
+#                                                 kube-proxy DaemonSet as users run
+#                                                 it (test/node/multinode_vs_kubeproxy_test.go)
 #
 #   scripts/node/images.sh    build what is missing, print the images dir
 #
@@ -83,6 +89,21 @@ if [[ ! -s $steelyard ]]; then
 	find "$dir" -maxdepth 1 -name 'steelyard-*.tar' -mmin +720 -delete
 	echo "images: steelyard image built in $(($(date +%s) - t0)) s" >&2
 fi
+# kube-proxy: the control plane's binary on the steelyard rootfs (the
+# official image is distroless plus iptables and nft; ours shares the
+# rootfs layer, so a node that has the steelyard image stores it once).
+# Keyed by the rootfs and the binary.
+k8s_bin=$("$repo/scripts/control-plane/build.sh" | sed -n 1p)
+key=$( (basename "$rootfs"; cat "$k8s_bin/kube-proxy") | sha256sum | cut -c1-12)
+kube_proxy=$dir/kube-proxy-$k8s_version-$key.tar
+if [[ ! -s $kube_proxy ]]; then
+	t0=$(date +%s)
+	"$tmp/imagebuild" --name "registry.k8s.io/kube-proxy:$k8s_version" --out "$kube_proxy" --layer "$rootfs" \
+		--file "$k8s_bin/kube-proxy:/usr/local/bin/kube-proxy:0755" \
+		--entrypoint /usr/local/bin/kube-proxy
+	find "$dir" -maxdepth 1 -name 'kube-proxy-*.tar' ! -name "$(basename "$kube_proxy")" -mmin +720 -delete
+	echo "images: kube-proxy $k8s_version image built in $(($(date +%s) - t0)) s" >&2
+fi
 # The set the node imports: one file per image, named by role, in this
 # checkout (bin/images), so that checkouts building at once each test their
 # own tree (a shared set in the cache was repointed by whoever built last).
@@ -91,4 +112,5 @@ mkdir -p "$set_dir"
 ln -sfn "$pause" "$set_dir/pause.tar"
 ln -sfn "$agnhost" "$set_dir/agnhost.tar"
 ln -sfn "$steelyard" "$set_dir/steelyard.tar"
+ln -sfn "$kube_proxy" "$set_dir/kube-proxy.tar"
 echo "$set_dir"
