@@ -105,10 +105,19 @@ func manifestsDir() string {
 	return filepath.Join(filepath.Dir(file), "..", "..", "manifests")
 }
 
+// agentMode, from $STEELYARD_NODE_MODE, is the agents' MODE (e.g.
+// nftables, for a run of the dual-stack tests in that mode); empty: the
+// chart's default.
+var agentMode = os.Getenv("STEELYARD_NODE_MODE")
+
 // install installs steelyard from manifests/ as the README says
 // (cluster.Install).
 func install(ctx context.Context) error {
-	return node.Install(ctx, []string{manifestsDir()}, nil)
+	var config map[string]string
+	if agentMode != "" {
+		config = map[string]string{"MODE": agentMode}
+	}
+	return node.Install(ctx, []string{manifestsDir()}, config)
 }
 
 // kubectl runs kubectl as the admin, failing the test on error.

@@ -48,6 +48,26 @@ spec:
 	waitSliceReady(t, "mn-ds", 4, time.Minute)
 	wantPodAddresses(t)
 
+	// Pod to pod across nodes at the IPv6 pod IP (the routes between the
+	// nodes' /64s), no Service.
+	for _, from := range clients {
+		for _, to := range clients {
+			if from.Spec.NodeName == to.Spec.NodeName {
+				continue
+			}
+			ip := netip.MustParseAddr(to.Status.PodIPs[len(to.Status.PodIPs)-1].IP)
+			if !ip.Is6() {
+				t.Errorf("pod %s: no IPv6 address in %v", to.Name, to.Status.PodIPs)
+				continue
+			}
+			dst := netip.AddrPortFrom(ip, 8080)
+			r := connections(podNS(t, from), dst, 5, 1)
+			if r.fails != 0 || r.names[to.Name] != 5 {
+				t.Errorf("pod %s (%s) to pod %s at %s (%s): answers %v, errors %v", from.Name, from.Spec.NodeName, to.Name, dst, to.Spec.NodeName, r.names, r.errors)
+			}
+		}
+	}
+
 	svc, err := node.Client().CoreV1().Services("default").Get(t.Context(), "mn-ds", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

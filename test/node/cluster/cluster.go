@@ -294,7 +294,7 @@ func v6Note(n *Node) string {
 	if !n.PodCIDR6.IsValid() {
 		return ""
 	}
-	return fmt.Sprintf(" and %s, pods %s", n.IP6, n.PodCIDR6)
+	return fmt.Sprintf("; %s, pods %s", n.IP6, n.PodCIDR6)
 }
 
 func zoneNote(zone string) string {
