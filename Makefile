@@ -226,11 +226,12 @@ bench-node: node-deps
 # runs in the background until `make cluster-down`. Then:
 #   export KUBECONFIG=<path>; kubectl apply -f manifests/ (see README).
 # NODES=3 starts three nodes on a node LAN of their own (node IPAM, routed
-# pod ranges, zones zone-a/b/c; test/node/cluster/lan.go).
+# pod ranges, zones zone-a/b/c; test/node/cluster/lan.go); DUALSTACK=1 with
+# NODES>=2 adds IPv6 (test/node/cluster/dualstack.go, docs/cluster.md).
 cluster-up: node-deps
 	$(GO) build -o bin/steelyard-cluster ./test/node/clusterctl
 	@$(ROOT) rm -f /tmp/steelyard-cluster/kubeconfig
-	@$(ROOT) env $(NODE_ENV) bash -c 'nohup bin/steelyard-cluster up --nodes $(or $(NODES),1) >/tmp/steelyard-cluster.log 2>&1 & \
+	@$(ROOT) env $(NODE_ENV) bash -c 'nohup bin/steelyard-cluster up --nodes $(or $(NODES),1) $(if $(DUALSTACK),--dual-stack) >/tmp/steelyard-cluster.log 2>&1 & \
 	  for i in $$(seq 600); do \
 	    if [ -s /tmp/steelyard-cluster/kubeconfig ]; then echo "KUBECONFIG=$$(cat /tmp/steelyard-cluster/kubeconfig)"; exit 0; fi; \
 	    if ! kill -0 $$! 2>/dev/null; then tail -n 30 /tmp/steelyard-cluster.log; exit 1; fi; sleep 1; \

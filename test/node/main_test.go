@@ -38,6 +38,10 @@ var node *cluster.Cluster
 // (multinode_test.go).
 var wantNodes = 1
 
+// wantDualStack makes the cluster dual-stack (cluster.Options.DualStack):
+// the multi-node suite's (multinode_test.go).
+var wantDualStack = false
+
 func TestMain(m *testing.M) { os.Exit(testMain(m)) }
 
 func testMain(m *testing.M) int {
@@ -54,7 +58,7 @@ func testMain(m *testing.M) int {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(2+3*wantNodes)*time.Minute)
 	defer cancel()
 	t0 := time.Now()
-	c, err := cluster.Start(ctx, cluster.Options{Nodes: wantNodes, Logf: log.Printf})
+	c, err := cluster.Start(ctx, cluster.Options{Nodes: wantNodes, DualStack: wantDualStack, Logf: log.Printf})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "node:", err)
 		return 1
@@ -101,10 +105,19 @@ func manifestsDir() string {
 	return filepath.Join(filepath.Dir(file), "..", "..", "manifests")
 }
 
+// agentMode, from $STEELYARD_NODE_MODE, is the agents' MODE (e.g.
+// nftables, for a run of the dual-stack tests in that mode); empty: the
+// chart's default.
+var agentMode = os.Getenv("STEELYARD_NODE_MODE")
+
 // install installs steelyard from manifests/ as the README says
 // (cluster.Install).
 func install(ctx context.Context) error {
-	return node.Install(ctx, []string{manifestsDir()}, nil)
+	var config map[string]string
+	if agentMode != "" {
+		config = map[string]string{"MODE": agentMode}
+	}
+	return node.Install(ctx, []string{manifestsDir()}, config)
 }
 
 // kubectl runs kubectl as the admin, failing the test on error.
@@ -187,12 +200,12 @@ func podNS(t testing.TB, p corev1.Pod) inNS {
 	return func(f func() error) error { return h.Do(func(ns.NetNS) error { return f() }) }
 }
 
-// dialIn opens a TCP connection to dst from inside netns.
+// dialIn opens a TCP connection to dst (IPv4 or IPv6) from inside netns.
 func dialIn(netns inNS, dst netip.AddrPort, timeout time.Duration) (net.Conn, error) {
 	var c net.Conn
 	err := netns(func() error {
 		var err error
-		c, err = net.DialTimeout("tcp4", dst.String(), timeout)
+		c, err = net.DialTimeout("tcp", dst.String(), timeout)
 		return err
 	})
 	return c, err

@@ -28,7 +28,8 @@ import (
 	"github.com/steelyard-net/steelyard/test/node/cluster"
 )
 
-func init() { wantNodes = 3 }
+// Three nodes, dual-stack as issue 20 wants them (multinode_dualstack_test.go).
+func init() { wantNodes, wantDualStack = 3, true }
 
 // The cluster is what the multi-node suites build on: every node Ready
 // with its own pod range from node IPAM (inside PodCIDR, disjoint), its
@@ -46,8 +47,12 @@ func TestMultiNodeCluster(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(obj.Spec.PodCIDRs) != 1 || obj.Spec.PodCIDRs[0] != n.PodCIDR.String() {
-			t.Errorf("node %s: spec.podCIDRs %v, harness uses %s", n.Name, obj.Spec.PodCIDRs, n.PodCIDR)
+		podCIDRs := []netip.Prefix{n.PodCIDR}
+		if node.DualStack() {
+			podCIDRs = append(podCIDRs, n.PodCIDR6)
+		}
+		if fmt.Sprint(obj.Spec.PodCIDRs) != fmt.Sprint(podCIDRs) {
+			t.Errorf("node %s: spec.podCIDRs %v, harness uses %v", n.Name, obj.Spec.PodCIDRs, podCIDRs)
 		}
 		if !cluster.PodCIDR.Contains(n.PodCIDR.Addr()) || n.PodCIDR.Bits() != cluster.NodeCIDRMaskSize {
 			t.Errorf("node %s: pod range %s not a /%d of %s", n.Name, n.PodCIDR, cluster.NodeCIDRMaskSize, cluster.PodCIDR)
@@ -63,14 +68,18 @@ func TestMultiNodeCluster(t *testing.T) {
 			t.Errorf("node %s: zone label %q, want %q", n.Name, zone, n.Zone)
 		}
 		zones[zone] = true
-		internal := ""
+		var internal []string
 		for _, a := range obj.Status.Addresses {
 			if a.Type == corev1.NodeInternalIP {
-				internal = a.Address
+				internal = append(internal, a.Address)
 			}
 		}
-		if internal != n.IP.String() {
-			t.Errorf("node %s: InternalIP %q, want %s", n.Name, internal, n.IP)
+		wantIPs := []string{n.IP.String()}
+		if node.DualStack() {
+			wantIPs = append(wantIPs, n.IP6.String())
+		}
+		if fmt.Sprint(internal) != fmt.Sprint(wantIPs) {
+			t.Errorf("node %s: InternalIPs %v, want %v", n.Name, internal, wantIPs)
 		}
 		p := steelyardPodOn(t, n.Name)
 		if len(p.Status.ContainerStatuses) != 1 || !p.Status.ContainerStatuses[0].Ready {
@@ -78,7 +87,7 @@ func TestMultiNodeCluster(t *testing.T) {
 		}
 		// Installed without a cluster CIDR: each agent took its Node's
 		// range.
-		wantLocalDetection(t, p, "NodeCIDR", n.PodCIDR)
+		wantLocalDetection(t, p, "NodeCIDR", podCIDRs...)
 		conf, err := os.ReadFile(filepath.Join(n.CNIConfDir, cluster.MainConflist))
 		if err != nil {
 			t.Fatal(err)

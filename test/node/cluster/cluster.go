@@ -49,6 +49,10 @@ type Options struct {
 	// itself through a Service VIP without steelyard-cni (which turns it
 	// on per port): what a node running kube-proxy needs.
 	BridgeHairpin bool
+	// DualStack runs both IP families (dualstack.go): IPv4 and IPv6
+	// Service and pod ranges, node addresses of both families, an address
+	// of each on every pod. It needs several nodes (the node LAN).
+	DualStack bool
 }
 
 // Cluster is a running cluster of one or more nodes. Stop tears it all
@@ -131,6 +135,9 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if opts.Nodes < 1 || opts.Nodes > maxNodes {
 		return nil, fmt.Errorf("cluster: %d nodes: want 1 to %d", opts.Nodes, maxNodes)
 	}
+	if opts.DualStack && opts.Nodes < 2 {
+		return nil, errors.New("cluster: dual-stack needs 2 nodes or more (the node LAN carries the IPv6 addresses)")
+	}
 	if opts.NodeName == "" {
 		opts.NodeName = "steelyard-node"
 	}
@@ -182,6 +189,7 @@ func (c *Cluster) plan() []*Node {
 		nodes = append(nodes, &Node{
 			Name:   name,
 			IP:     nodeLANIP(k),
+			IP6:    nodeLANIP6(k),
 			Zone:   zoneOf(k),
 			Dir:    filepath.Join(c.Dir, "nodes", name),
 			c:      c,
@@ -204,6 +212,11 @@ func (c *Cluster) start(ctx context.Context) error {
 	if len(c.Nodes) > 1 {
 		if err := c.makeLAN(); err != nil {
 			return err
+		}
+		if c.opts.DualStack {
+			if err := c.makeLAN6(); err != nil {
+				return err
+			}
 		}
 	}
 	if err := c.startControlPlane(ctx); err != nil {
@@ -261,15 +274,27 @@ func (c *Cluster) start(ctx context.Context) error {
 		if err := c.routePodCIDRs(); err != nil {
 			return err
 		}
+		if c.opts.DualStack {
+			if err := c.routePodCIDRs6(); err != nil {
+				return err
+			}
+		}
 	}
 	for _, n := range c.Nodes {
 		if err := n.waitReady(ctx); err != nil {
 			return err
 		}
-		c.logf("cluster: node %s (%s, pods %s%s) Ready after %v", n.Name, n.IP, n.PodCIDR, zoneNote(n.Zone), time.Since(t0).Round(time.Millisecond))
+		c.logf("cluster: node %s (%s, pods %s%s%s) Ready after %v", n.Name, n.IP, n.PodCIDR, v6Note(n), zoneNote(n.Zone), time.Since(t0).Round(time.Millisecond))
 	}
 	c.logf("cluster: %d node(s) Ready in %v (dir %s, kubeconfig %s)", len(c.Nodes), time.Since(t0).Round(time.Millisecond), c.Dir, c.CP.Kubeconfig)
 	return nil
+}
+
+func v6Note(n *Node) string {
+	if !n.PodCIDR6.IsValid() {
+		return ""
+	}
+	return fmt.Sprintf("; %s, pods %s", n.IP6, n.PodCIDR6)
 }
 
 func zoneNote(zone string) string {

@@ -65,6 +65,32 @@ const MainConflist = "10-bridge.conflist"
 // mainConflist is the bridge plugin with host-local on subnet, the node's
 // address on the bridge gateway.
 func mainConflist(hairpin bool, subnet netip.Prefix, gateway netip.Addr) string {
+	return bridgeConflist(hairpin, []netip.Prefix{subnet}, []netip.Addr{gateway})
+}
+
+// mainConflistRanges is mainConflist with one host-local range per prefix
+// (a dual-stack node has an IPv4 and an IPv6 one), each with its first
+// address as the gateway (the node's address on the bridge) and a default
+// route of its family: the bridge plugin then gives every pod an address
+// of each family and turns on forwarding for both.
+func mainConflistRanges(hairpin bool, subnets []netip.Prefix) string {
+	gateways := make([]netip.Addr, len(subnets))
+	for i, s := range subnets {
+		gateways[i] = s.Addr().Next()
+	}
+	return bridgeConflist(hairpin, subnets, gateways)
+}
+
+func bridgeConflist(hairpin bool, subnets []netip.Prefix, gateways []netip.Addr) string {
+	var ranges, routes []string
+	for i, s := range subnets {
+		ranges = append(ranges, fmt.Sprintf(`[{"subnet": %q, "gateway": %q}]`, s.String(), gateways[i].String()))
+		dst := "0.0.0.0/0"
+		if s.Addr().Is6() {
+			dst = "::/0"
+		}
+		routes = append(routes, fmt.Sprintf(`{"dst": %q}`, dst))
+	}
 	return fmt.Sprintf(`{
   "cniVersion": "1.0.0",
   "name": "k8s-pod-network",
@@ -77,14 +103,14 @@ func mainConflist(hairpin bool, subnet netip.Prefix, gateway netip.Addr) string 
       "hairpinMode": %t,
       "ipam": {
         "type": "host-local",
-        "ranges": [[{"subnet": %q, "gateway": %q}]],
-        "routes": [{"dst": "0.0.0.0/0"}]
+        "ranges": [%s],
+        "routes": [%s]
       }
     },
     {"type": "portmap", "capabilities": {"portMappings": true}}
   ]
 }
-`, BridgeName, hairpin, subnet.String(), gateway.String())
+`, BridgeName, hairpin, strings.Join(ranges, ", "), strings.Join(routes, ", "))
 }
 
 // containerdConfig is containerd's config.toml (version 3, containerd 2.x):

@@ -44,6 +44,9 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 			// kubelet is reached at its InternalIP (through the egress
 			// proxy); the node name does not resolve.
 			"--kubelet-preferred-address-types=InternalIP",
+			// A later flag wins: the controlplane package's IPv4 range,
+			// and the IPv6 one when dual-stack.
+			serviceCIDRsFlag(controlplane.ServiceClusterIPRange, c.opts.DualStack),
 		},
 	})
 	if err != nil {
@@ -91,15 +94,7 @@ func (c *Cluster) startControllers() error {
 		return err
 	}
 	extra := append(append([]string(nil), c.opts.ExtraControllers...), NodeIPAMController)
-	mask := PodCIDR.Bits()
-	if len(c.Nodes) > 1 {
-		mask = NodeCIDRMaskSize
-	}
-	ipam := []string{
-		"--allocate-node-cidrs=true",
-		"--cluster-cidr=" + PodCIDR.String(),
-		"--node-cidr-mask-size=" + strconv.Itoa(mask),
-	}
+	ipam := nodeIPAMArgs(len(c.Nodes), c.opts.DualStack)
 	kcm, err := controlplane.StartComponent("kube-controller-manager", c.Binaries.KubeControllerManager, append([]string{
 		"--kubeconfig=" + c.CP.Kubeconfig,
 		"--leader-elect=false",

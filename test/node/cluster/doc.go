@@ -55,6 +55,11 @@
 // the other nodes, as a routed CNI setup would. kubelet labels the nodes
 // topology.kubernetes.io/zone zone-a, zone-b, zone-c (round robin).
 //
+// Options.DualStack (several nodes) adds an IPv6 twin of every range from
+// 2001:2::/48 (dualstack.go): Services, pods (a /64 per node from node
+// IPAM), the node LAN (kubelet --node-ip gets both addresses); IPv6
+// forwarding and routes in the node namespaces only.
+//
 // containerd (with its shims and containers) and kubelet run in a cgroup of
 // their own, steelyard-node-<pid>, in every hierarchy; kubelet's cgroupRoot
 // is the same cgroup, so pods land under it too. Teardown SIGKILLs every

@@ -103,7 +103,7 @@ conntrack:
   min: 0
   tcpEstablishedTimeout: 0s
   tcpCloseWaitTimeout: 0s
-`, c.CP.Kubeconfig, c.NodeName, mode, PodCIDR.String(), KubeProxyHealthz)
+`, c.CP.Kubeconfig, c.NodeName, mode, c.ClusterCIDRs(), KubeProxyHealthz)
 	if err := os.WriteFile(cfg, []byte(doc), 0o644); err != nil {
 		return err
 	}

@@ -169,6 +169,12 @@ func (c *Cluster) AddLANClient() (*sandbox.NS, error) {
 	if err := n.WriteSysctl("net/ipv4/ip_local_port_range", "1024 65535"); err != nil {
 		return nil, err
 	}
+	if c.opts.DualStack {
+		// The range is shared by both families.
+		if _, err := addLANClient6(n, byte(firstLANClient+k)); err != nil {
+			return nil, err
+		}
+	}
 	c.logf("cluster: LAN client %s in %s", n.Addr, n.Name)
 	return n, nil
 }

@@ -44,6 +44,10 @@ type Node struct {
 	// else what kube-controller-manager's node IPAM gave it (valid once
 	// Start returned).
 	PodCIDR netip.Prefix
+	// IP6 and PodCIDR6 are the node's IPv6 InternalIP and pod range on a
+	// dual-stack cluster (dualstack.go); invalid otherwise.
+	IP6      netip.Addr
+	PodCIDR6 netip.Prefix
 
 	c           *Cluster
 	cgroup      string // cgroup path below every hierarchy's root
@@ -103,6 +107,10 @@ func (n *Node) prepare() error {
 // writeConflist writes the node's main CNI configuration: the bridge
 // plugin with host-local on the node's pod range.
 func (n *Node) writeConflist() error {
+	if n.c.opts.DualStack {
+		return os.WriteFile(filepath.Join(n.CNIConfDir, MainConflist),
+			[]byte(mainConflistRanges(n.c.opts.BridgeHairpin, []netip.Prefix{n.PodCIDR, n.PodCIDR6})), 0o644)
+	}
 	return os.WriteFile(filepath.Join(n.CNIConfDir, MainConflist),
 		[]byte(mainConflist(n.c.opts.BridgeHairpin, n.PodCIDR, n.PodCIDR.Addr().Next())), 0o644)
 }
@@ -205,7 +213,7 @@ func (n *Node) startKubelet() error {
 		"--kubeconfig=" + n.c.CP.Kubeconfig,
 		"--root-dir=" + dir,
 		"--hostname-override=" + n.Name,
-		"--node-ip=" + n.IP.String(),
+		"--node-ip=" + n.nodeIPs(),
 		"--v=1",
 	}
 	if n.Zone != "" {
@@ -265,17 +273,35 @@ func (n *Node) waitReady(ctx context.Context) error {
 }
 
 // waitPodCIDR waits for node IPAM to give the Node its pod range and
-// records it in PodCIDR.
+// records it in PodCIDR (and the IPv6 one in PodCIDR6 when dual-stack).
 func (n *Node) waitPodCIDR(ctx context.Context) error {
 	return n.waitNode(ctx, "given a podCIDR", func(obj *corev1.Node) (bool, string) {
+		var v4, v6 netip.Prefix
 		for _, s := range obj.Spec.PodCIDRs {
 			if p, err := netip.ParsePrefix(s); err == nil && p.Addr().Is4() {
-				n.PodCIDR = p
-				return true, ""
+				v4 = p
+			} else if err == nil {
+				v6 = p
 			}
 		}
-		return false, "no IPv4 podCIDR yet"
+		switch {
+		case !v4.IsValid():
+			return false, "no IPv4 podCIDR yet"
+		case n.c.opts.DualStack && !v6.IsValid():
+			return false, "no IPv6 podCIDR yet"
+		}
+		n.PodCIDR, n.PodCIDR6 = v4, v6
+		return true, ""
 	})
+}
+
+// nodeIPs is kubelet's --node-ip: the InternalIP, and the IPv6 one after
+// it on a dual-stack cluster (IPv4 the primary family).
+func (n *Node) nodeIPs() string {
+	if n.IP6.IsValid() && n.c.opts.DualStack {
+		return n.IP.String() + "," + n.IP6.String()
+	}
+	return n.IP.String()
 }
 
 // TaskPid returns the host PID of a running container's main process on

@@ -1,8 +1,10 @@
 // Command steelyard-cluster runs the cluster of test/node/cluster for a
 // person (`make cluster-up [NODES=3]`, `make cluster-down`):
 //
-//	steelyard-cluster up [--state DIR] [--nodes N]
-//	                                      start it (N nodes, default 1), print
+//	steelyard-cluster up [--state DIR] [--nodes N] [--dual-stack]
+//	                                      start it (N nodes, default 1;
+//	                                      --dual-stack: IPv4 and IPv6,
+//	                                      2 nodes or more), print
 //	                                      the kubeconfig path, keep running
 //	                                      until SIGINT/SIGTERM, then tear
 //	                                      everything down
@@ -37,11 +39,12 @@ func main() {
 	fs := flag.NewFlagSet(os.Args[1], flag.ExitOnError)
 	state := fs.String("state", "/tmp/steelyard-cluster", "state directory")
 	nodes := fs.Int("nodes", 1, "number of nodes (up)")
+	dual := fs.Bool("dual-stack", false, "IPv4 and IPv6 Service, pod and node addresses (up; 2 nodes or more)")
 	_ = fs.Parse(os.Args[2:])
 	var err error
 	switch os.Args[1] {
 	case "up":
-		err = up(*state, *nodes)
+		err = up(*state, *nodes, *dual)
 	case "down":
 		err = down(*state)
 	default:
@@ -53,7 +56,7 @@ func main() {
 	}
 }
 
-func up(state string, nodes int) error {
+func up(state string, nodes int, dual bool) error {
 	if err := os.MkdirAll(state, 0o755); err != nil {
 		return err
 	}
@@ -67,7 +70,7 @@ func up(state string, nodes int) error {
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer cancel()
 	t0 := time.Now()
-	c, err := cluster.Start(ctx, cluster.Options{Nodes: nodes, Logf: log.Printf})
+	c, err := cluster.Start(ctx, cluster.Options{Nodes: nodes, DualStack: dual, Logf: log.Printf})
 	if err != nil {
 		return err
 	}
@@ -78,6 +81,9 @@ func up(state string, nodes int) error {
 	fmt.Println(c.CP.Kubeconfig)
 	for _, n := range c.Nodes {
 		log.Printf("node %s: InternalIP %s, pods %s, netns %s, zone %q", n.Name, n.IP, n.PodCIDR, n.NS.Name, n.Zone)
+		if n.IP6.IsValid() {
+			log.Printf("node %s: InternalIP %s, pods %s", n.Name, n.IP6, n.PodCIDR6)
+		}
 	}
 	if c.LAN != nil {
 		log.Printf("node LAN %s in netns %s", cluster.NodeLAN, c.LAN.Name)
