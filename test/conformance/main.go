@@ -287,7 +287,7 @@ func runProxy(ctx context.Context, cfg config, rules List, proxy, e2e, ginkgo st
 		ReadyTimeout:     5 * time.Minute,
 		Logf:             log.Printf,
 		ExtraControllers: extraControllers,
-		ExtraImages:      []string{filepath.Join(cfg.imagesDir, "agnhost-e2e.tar"), filepath.Join(cfg.imagesDir, "busybox.tar"), filepath.Join(cfg.imagesDir, "coredns.tar")},
+		ExtraImages:      extraImages(cfg.imagesDir),
 		ClusterDNS:       clusterDNS,
 		// steelyard's install-cni chains steelyard-cni, which turns
 		// hairpin mode on; kube-proxy's nodes get it from the bridge.
@@ -376,8 +376,23 @@ func runProxy(ctx context.Context, cfg config, rules List, proxy, e2e, ginkgo st
 	return r, nil
 }
 
-// busyboxImage is the busybox scripts/conformance/images.sh builds.
-const busyboxImage = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2"
+// The images scripts/conformance/images.sh builds besides agnhost, by the
+// names e2e.test gives them.
+const (
+	busyboxImage    = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2"
+	regressionImage = "registry.k8s.io/e2e-test-images/regression-issue-74839:1.5"
+	iptablesImage   = "registry.k8s.io/build-image/distroless-iptables:v0.9.9"
+)
+
+// extraImages are the tarballs of scripts/conformance/images.sh that every
+// node imports.
+func extraImages(dir string) []string {
+	var out []string
+	for _, f := range []string{"agnhost-e2e.tar", "busybox.tar", "coredns.tar", "regression-74839.tar", "distroless-iptables.tar"} {
+		out = append(out, filepath.Join(dir, f))
+	}
+	return out
+}
 
 // clusterDNS is kube-dns's ClusterIP in coredns.yaml.
 var clusterDNS = netip.MustParseAddr("198.18.0.10")
@@ -462,15 +477,16 @@ func saveLogs(ctx context.Context, c *cluster.Cluster, dir string) {
 }
 
 // checkImages lists the images e2e.test wants and checks that the node
-// has the ones the Service tests use (pause, agnhost and busybox at the
-// versions e2e.test names); the others are reported, not built: a test that needs
+// has the ones the Service tests use (pause, agnhost, busybox,
+// regression-issue-74839 and distroless-iptables at the versions e2e.test
+// names); the others are reported, not built: a test that needs
 // one fails with an image pull error, which the table shows.
 func checkImages(e2e string) error {
 	out, err := exec.Command(e2e, "--list-images").Output()
 	if err != nil {
 		return fmt.Errorf("%s --list-images: %w", e2e, err)
 	}
-	want := map[string]bool{cluster.AgnhostImage: false, cluster.PauseImage: false, busyboxImage: false}
+	want := map[string]bool{cluster.AgnhostImage: false, cluster.PauseImage: false, busyboxImage: false, regressionImage: false, iptablesImage: false}
 	n := 0
 	for _, l := range strings.Fields(string(out)) {
 		n++
@@ -483,7 +499,7 @@ func checkImages(e2e string) error {
 			return fmt.Errorf("e2e.test --list-images does not name %s: the node's images (scripts/node/images.sh) and e2e.test disagree on versions", img)
 		}
 	}
-	log.Printf("conformance: e2e.test lists %d images; the node imports %s, %s and %s (what the Service tests run)", n, cluster.AgnhostImage, busyboxImage, cluster.PauseImage)
+	log.Printf("conformance: e2e.test lists %d images; the nodes import %s, %s, %s, %s and %s (what the Service tests run)", n, cluster.AgnhostImage, busyboxImage, regressionImage, iptablesImage, cluster.PauseImage)
 	return nil
 }
 
