@@ -84,10 +84,11 @@ const KubeProxyHealthz = "0.0.0.0:10256"
 // StartKubeProxy runs the kube-proxy of the control-plane cache on every
 // node, as a process in that node's network and mount namespaces (like
 // kubelet, so its rules, sysctls and xtables lock are the node's), in mode
-// ("iptables" or "nftables"), and waits for each /healthz. The conntrack
-// settings are zero: kube-proxy then leaves nf_conntrack_max and the
-// hashsize (host-wide values) alone. Each node's log is kube-proxy.log in
-// its Dir. Stop ends them with the nodes.
+// ("iptables" or "nftables"), and waits for each /healthz. maxPerCore and
+// min are zero: kube-proxy then leaves nf_conntrack_max and the hashsize
+// (host-wide values) alone; the TCP timeouts are its defaults (24h, 1h),
+// which it writes in the node's network namespace, their scope. Each
+// node's log is kube-proxy.log in its Dir. Stop ends them with the nodes.
 func (c *Cluster) StartKubeProxy(ctx context.Context, mode string) error {
 	for _, n := range c.Nodes {
 		if err := n.startKubeProxy(ctx, mode); err != nil {
@@ -112,8 +113,6 @@ metricsBindAddress: 127.0.0.1:10249
 conntrack:
   maxPerCore: 0
   min: 0
-  tcpEstablishedTimeout: 0s
-  tcpCloseWaitTimeout: 0s
 `, c.CP.Kubeconfig, n.Name, mode, PodCIDR.String(), KubeProxyHealthz)
 	if err := os.WriteFile(cfg, []byte(doc), 0o644); err != nil {
 		return err
