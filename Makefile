@@ -242,19 +242,22 @@ cluster-down:
 	$(ROOT) bin/steelyard-cluster down
 
 # Kubernetes' own e2e Service tests (e2e.test and ginkgo v1.37.2, built from
-# source and cached) on the real node, once per proxy: steelyard iptables,
-# steelyard nftables, kube-proxy iptables (the reference); one table, and
-# each proxy's summary in docs/conformance/<proxy>.json (commit them, then
-# `make docs`). Fails when a selected spec fails for a steelyard proxy.
+# source and cached) on a cluster of NODES nodes (default 3: the multi-node
+# and zone specs need them), once per proxy: steelyard iptables, steelyard
+# nftables, kube-proxy iptables and nftables (the references); one table,
+# and each proxy's summary in docs/conformance/<proxy>.json (commit them,
+# then `make docs`). Fails when a selected spec fails for a steelyard proxy.
 # Not part of test (tens of minutes). PROXIES=kube-proxy,... picks some,
-# FOCUS=regexp narrows the run, NODES sets ginkgo's parallelism, PARALLEL=1
-# runs the proxies at once, a node each
+# FOCUS=regexp narrows the run, GINKGO_NODES sets ginkgo's parallelism
+# (default 4), TIMEOUT ginkgo's timeout per proxy (default 90m), PARALLEL=1
+# runs the proxies at once, a cluster each
 # (docs/conformance.md; focus and skip rules in test/conformance/skip.txt).
 conformance: node-deps
 	$(GO) build -o bin/steelyard-conformance ./test/conformance
 	e2e=$$(scripts/conformance/build.sh) && images=$$($(ROOT) scripts/conformance/images.sh) && \
 	$(ROOT) env $(NODE_ENV) bin/steelyard-conformance --e2e-dir "$$e2e" --images-dir "$$images" \
-	  --proxies "$(PROXIES)" --focus "$(FOCUS)" --nodes "$(or $(NODES),4)" $(if $(PARALLEL),--parallel)
+	  --proxies "$(PROXIES)" --focus "$(FOCUS)" --nodes "$(or $(NODES),3)" --ginkgo-nodes "$(or $(GINKGO_NODES),4)" \
+	  $(if $(TIMEOUT),--timeout "$(TIMEOUT)") $(if $(PARALLEL),--parallel)
 
 # The upstream Gateway API conformance suite (the sigs.k8s.io/gateway-api
 # release of test/gatewayconformance/go.mod) on the real node, profiles

@@ -52,6 +52,8 @@ type dataplaneFlags struct {
 	countConnections bool
 	// ebpf holds --mode ebpf's flags (ebpf.go).
 	ebpf ebpfFlags
+	// conntrack holds the --conntrack-tcp-timeout-* flags (conntrack.go).
+	conntrack conntrackTimeouts
 }
 
 func (f *dataplaneFlags) register(cmd *cobra.Command, withConfig bool) {
@@ -68,6 +70,8 @@ func (f *dataplaneFlags) register(cmd *cobra.Command, withConfig bool) {
 		// A container that is not privileged gets /proc/sys read-only;
 		// the DaemonSet mounts the host's /proc/sys/net (per network
 		// namespace, so the node's) at /host/proc/sys/net instead.
+		cmd.Flags().DurationVar(&f.conntrack.established, "conntrack-tcp-timeout-established", 24*time.Hour, "the node's conntrack timeout of established TCP connections (net.netfilter.nf_conntrack_tcp_timeout_established), as kube-proxy sets it; 0: left as it is")
+		cmd.Flags().DurationVar(&f.conntrack.closeWait, "conntrack-tcp-timeout-close-wait", time.Hour, "the node's conntrack timeout of TCP connections in CLOSE_WAIT (net.netfilter.nf_conntrack_tcp_timeout_close_wait), as kube-proxy sets it; 0: left as it is")
 		cmd.Flags().StringVar(&f.sysctlDir, "sysctl-dir", dataplane.ProcSys, "where the node's sysctls are written (net.ipv4.ip_forward, route_localnet, IPVS's net.ipv4.vs.*): /proc/sys, or a writable mount of the host's /proc/sys/net at DIR/net")
 	}
 }
@@ -132,6 +136,7 @@ func newRunCommand() *cobra.Command {
 					return err
 				}
 			}
+			dp.conntrack.apply(dp.sysctlDir)
 			// On SIGTERM the kernel tool in flight (a restore of 10,000
 			// Services takes seconds) is killed at once: it commits nothing.
 			context.AfterFunc(ctx, execx.Shutdown)

@@ -83,6 +83,7 @@ func TestRenderTenNinety(t *testing.T) {
 :STEELYARD-FORWARD - [0:0]
 :STEELYARD-FIREWALL - [0:0]
 -A STEELYARD-SERVICES -d 198.18.0.11/32 -p udp -m comment --comment "demo/empty:dns has no endpoints" -m udp --dport 53 -j REJECT --reject-with icmp-port-unreachable
+-A STEELYARD-FORWARD -m comment --comment "steelyard: drop invalid conntrack state (kubernetes#74839)" -m conntrack --ctstate INVALID -j DROP
 -A STEELYARD-FORWARD -m comment --comment "steelyard: forward masqueraded service traffic" -m mark --mark 0x2000/0x2000 -m conntrack --ctstate DNAT -j ACCEPT
 -A STEELYARD-FORWARD -m comment --comment "steelyard: forward replies of service traffic" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
 COMMIT

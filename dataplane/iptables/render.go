@@ -205,6 +205,13 @@ func renderWith(s dataplane.State, cfg Config, prev *Rules, req dataplane.SyncRe
 	// SYN retransmitted a second later, unmarked, was refused by a conntrack
 	// entry that then sent new connections on the same source port to the
 	// refusal too: 52.08 % refused at 1:1 in test/gateway.
+	// Forwarded packets conntrack calls INVALID (an out-of-window TCP
+	// segment) skip the reverse NAT: a pod behind a VIP would reach its
+	// client from its own address and be reset. Dropped as kube-proxy
+	// does (kubernetes#74839; the conformance spec "proxy implementation
+	// should not be vulnerable to the invalid conntrack state bug").
+	r.add(TableFilter, ChainForward, "-m", "comment", "--comment", iptk.Quote("steelyard: drop invalid conntrack state (kubernetes#74839)"),
+		"-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
 	r.add(TableFilter, ChainForward, "-m", "comment", "--comment", iptk.Quote("steelyard: forward masqueraded service traffic"),
 		"-m", "mark", "--mark", mark+"/"+mark, "-m", "conntrack", "--ctstate", "DNAT", "-j", "ACCEPT")
 	r.add(TableFilter, ChainForward, "-m", "comment", "--comment", iptk.Quote("steelyard: forward replies of service traffic"),

@@ -78,6 +78,14 @@ func (p *Proxier) skeleton(tx txn) {
 		tx.Flush(&knftables.Chain{Name: b.name})
 		tx.Add(&knftables.Rule{Chain: b.name, Rule: b.rule})
 	}
+	// Forwarded packets conntrack calls invalid (an out-of-window TCP
+	// segment) skip the reverse NAT: a pod behind a VIP would reach its
+	// client from its own address and be reset (kubernetes#74839, the
+	// conformance spec "proxy implementation should not be vulnerable to
+	// the invalid conntrack state bug"). kube-proxy's iptables mode drops
+	// them the same way.
+	tx.Add(&knftables.Rule{Chain: chainFilterForward, Rule: "ct state invalid drop",
+		Comment: knftables.PtrTo("drop invalid conntrack state (kubernetes#74839)")})
 	p.localhost(tx)
 }
 

@@ -14,12 +14,19 @@
 #       alone (a few Service tests run their client in busybox: sh, env).
 #   registry.k8s.io/coredns/coredns:steelyard-conformance   CoreDNS (the
 #       version scripts/conformance/coredns/go.mod requires) as kube-dns.
+#   registry.k8s.io/e2e-test-images/regression-issue-74839:1.5   the
+#       "invalid conntrack state" spec's server (k8s.io/kubernetes/test/
+#       images/regression-issue-74839, from the agnhost module): the binary
+#       alone, as its entrypoint.
+#   registry.k8s.io/build-image/distroless-iptables:v0.9.9   the userland
+#       again (sh, cat, grep, conntrack, sleep): "KubeProxy should set TCP
+#       CLOSE_WAIT timeout" reads the node's conntrack table from it.
 #
 #   scripts/conformance/images.sh   build what is missing, print the dir
 #
 # Cached under $STEELYARD_CACHE/images with keys in the names. Progress goes
 # to stderr; stdout carries only the directory (agnhost-e2e.tar,
-# busybox.tar, coredns.tar).
+# busybox.tar, coredns.tar, regression-74839.tar, distroless-iptables.tar).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -33,6 +40,8 @@ go=${GO:-go}
 agnhost_ref=registry.k8s.io/e2e-test-images/agnhost:2.66.1 # = scripts/node/images.sh
 coredns_ref=registry.k8s.io/coredns/coredns:steelyard-conformance
 busybox_ref=registry.k8s.io/e2e-test-images/busybox:1.37.0-2 # e2e.test --list-images
+regression_ref=registry.k8s.io/e2e-test-images/regression-issue-74839:1.5 # e2e.test --list-images
+iptables_ref=registry.k8s.io/build-image/distroless-iptables:v0.9.9 # e2e.test --list-images
 userland=bash,curl,wget,netcat-openbsd,iproute2,socat,util-linux,dnsutils,iputils-ping,iptables,conntrack
 mkdir -p "$dir"
 tmp=$(mktemp -d "$dir/.build.XXXXXX")
@@ -64,6 +73,22 @@ if [[ ! -s $busybox ]]; then
 	echo "conformance images: busybox (the userland) built" >&2
 fi
 
+distroless=$dir/distroless-iptables-e2e-$(basename "$rootfs" .tar | sed 's/^rootfs-//').tar
+if [[ ! -s $distroless ]]; then
+	"$tmp/imagebuild" --name "$iptables_ref" --out "$distroless" --layer "$rootfs" --cmd sh
+	find "$dir" -maxdepth 1 -name 'distroless-iptables-e2e-*.tar' -mmin +720 -delete # by age: a concurrent checkout keeps its own
+	echo "conformance images: distroless-iptables (the userland) built" >&2
+fi
+
+key=$( (echo "$regression_ref"; cat "$node/agnhost/go.mod") | sha256sum | cut -c1-12)
+regression=$dir/regression-74839-$key.tar
+if [[ ! -s $regression ]]; then
+	(cd "$node/agnhost" && "$go" build -mod=readonly -trimpath -ldflags "-s -w" -o "$tmp/regression-issue-74839" k8s.io/kubernetes/test/images/regression-issue-74839)
+	"$tmp/imagebuild" --name "$regression_ref" --out "$regression" \
+		--file "$tmp/regression-issue-74839:/regression-issue-74839:0755" --entrypoint /regression-issue-74839
+	echo "conformance images: regression-issue-74839 built" >&2
+fi
+
 version=$(awk '$1 == "require" && $2 == "github.com/coredns/coredns" { print $3 }' "$here/coredns/go.mod")
 key=$( (echo "$version"; cat "$here/coredns/main.go" "$here/coredns/go.sum"; "$go" version) | sha256sum | cut -c1-12)
 coredns=$dir/coredns-$version-$key.tar
@@ -80,4 +105,6 @@ mkdir -p "$set_dir"
 ln -sfn "$agnhost" "$set_dir/agnhost-e2e.tar"
 ln -sfn "$coredns" "$set_dir/coredns.tar"
 ln -sfn "$busybox" "$set_dir/busybox.tar"
+ln -sfn "$distroless" "$set_dir/distroless-iptables.tar"
+ln -sfn "$regression" "$set_dir/regression-74839.tar"
 echo "$set_dir"

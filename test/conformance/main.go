@@ -5,18 +5,21 @@
 //
 //	steelyard-iptables   steelyard from manifests/, MODE=iptables
 //	steelyard-nftables   steelyard from manifests/, MODE=nftables
-//	kube-proxy           kube-proxy v1.37.2, iptables mode, a process in the
-//	                     node's namespaces (the reference)
+//	kube-proxy           kube-proxy v1.37.2, iptables mode, a process in
+//	                     each node's namespaces (a reference)
+//	kube-proxy-nftables  the same in nftables mode (a reference)
 //
-// Each proxy gets a fresh node. The suite runs in a client namespace on
-// the node's LAN ("outside the node", like the host of a kind cluster),
-// with --provider=local and a kubeconfig for the API server's address on
-// the node. Focus and skip come from skip.txt, one reason per rule.
+// Each proxy gets a fresh cluster of --nodes nodes (test/node/cluster;
+// with more than one, a node LAN and zones a/b/c). The suite runs in a
+// client namespace on the node LAN ("outside the nodes", like the host of
+// a kind cluster), with --provider=local and a kubeconfig for the API
+// server's address on the first node. Focus and skip come from skip.txt,
+// one reason per rule.
 //
 // It exits non-zero when a proxy's run did not complete, or when a
 // selected spec failed, was interrupted or never ran for a steelyard
 // proxy; kube-proxy's failures are reported, not fatal (it is the
-// reference).
+// reference, in either mode).
 package main
 
 import (
@@ -45,7 +48,7 @@ import (
 )
 
 // proxies are the dataplanes the runner knows, in table order.
-var proxies = []string{"steelyard-iptables", "steelyard-nftables", "kube-proxy"}
+var proxies = []string{"steelyard-iptables", "steelyard-nftables", "kube-proxy", "kube-proxy-nftables"}
 
 // extraControllers are the kube-controller-manager controllers the suite
 // needs beyond the node's own set: the Service tests create their
@@ -55,10 +58,12 @@ var extraControllers = []string{"replicationcontroller-controller", "endpoints-c
 type config struct {
 	imagesDir,
 	e2eDir, skipFile, manifests, out, focus, summaryDir string
-	proxies  []string
-	nodes    int
-	timeout  time.Duration
-	parallel bool
+	proxies []string
+	// nodes is the number of Kubernetes nodes, procs ginkgo's parallel
+	// processes (its own --nodes).
+	nodes, procs int
+	timeout      time.Duration
+	parallel     bool
 }
 
 func main() {
@@ -71,7 +76,8 @@ func main() {
 	flag.StringVar(&cfg.out, "out", "", "results directory (default /tmp/steelyard-conformance-<pid>)")
 	flag.StringVar(&cfg.focus, "focus", "", "regexp replacing skip.txt's focus lines (a narrow run); its skip lines still apply")
 	flag.StringVar(&list, "proxies", strings.Join(proxies, ","), "comma-separated: "+strings.Join(proxies, ", "))
-	flag.IntVar(&cfg.nodes, "nodes", 4, "ginkgo parallel processes")
+	flag.IntVar(&cfg.nodes, "nodes", 3, "Kubernetes nodes per proxy's cluster (the multi-node and zone specs need 2 and 3)")
+	flag.IntVar(&cfg.procs, "ginkgo-nodes", 4, "ginkgo's parallel processes (ginkgo calls them nodes)")
 	flag.BoolVar(&cfg.parallel, "parallel", false, "run the proxies at the same time, a node each (faster; wall times then include the contention)")
 	flag.DurationVar(&cfg.timeout, "timeout", 90*time.Minute, "ginkgo's timeout per proxy")
 	flag.StringVar(&cfg.summaryDir, "summary-dir", "", "where each proxy's summary (<proxy>.json) is written (default docs/conformance, the committed record; with --focus, the results directory)")
@@ -190,13 +196,13 @@ func run(cfg config) error {
 		go func() { defer wg.Done(); one(i) }()
 	}
 	wg.Wait()
-	table := render(results, rules, e2e, ginkgo)
+	table := render(results, rules, e2e, ginkgo, cfg.nodes)
 	fmt.Print(table)
 	_ = os.WriteFile(filepath.Join(cfg.out, "table.txt"), []byte(table), 0o644)
 	run := Summary{
 		Commit: runinfo.Commit(), Date: runinfo.Date(), LoadAvg: runinfo.LoadAvg(),
 		E2E: version(e2e, "--version"), Ginkgo: version(ginkgo, "version"),
-		Nodes: 1, Processes: cfg.nodes, Focus: cfg.focus,
+		Nodes: cfg.nodes, Processes: cfg.procs, Focus: cfg.focus,
 	}
 	for _, r := range results {
 		if r.err != nil {
@@ -249,7 +255,7 @@ func rerender(dir string, cfg config) error {
 		return fmt.Errorf("no junit.xml under %s/<proxy>/", dir)
 	}
 	e2e, ginkgo := filepath.Join(cfg.e2eDir, "e2e.test"), filepath.Join(cfg.e2eDir, "ginkgo")
-	fmt.Print(render(results, rules, e2e, ginkgo))
+	fmt.Print(render(results, rules, e2e, ginkgo, cfg.nodes))
 	return nil
 }
 
@@ -273,15 +279,19 @@ func runProxy(ctx context.Context, cfg config, rules List, proxy, e2e, ginkgo st
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return r, err
 	}
-	log.Printf("conformance: %s: starting a node", proxy)
+	log.Printf("conformance: %s: starting %d node(s)", proxy, cfg.nodes)
 	c, err := cluster.Start(ctx, cluster.Options{
+		Nodes: cfg.nodes,
+		// Several clusters may start at once (--parallel) on a loaded
+		// machine.
+		ReadyTimeout:     5 * time.Minute,
 		Logf:             log.Printf,
 		ExtraControllers: extraControllers,
-		ExtraImages:      []string{filepath.Join(cfg.imagesDir, "agnhost-e2e.tar"), filepath.Join(cfg.imagesDir, "busybox.tar"), filepath.Join(cfg.imagesDir, "coredns.tar")},
+		ExtraImages:      extraImages(cfg.imagesDir),
 		ClusterDNS:       clusterDNS,
 		// steelyard's install-cni chains steelyard-cni, which turns
-		// hairpin mode on; kube-proxy's node gets it from the bridge.
-		BridgeHairpin: proxy == "kube-proxy",
+		// hairpin mode on; kube-proxy's nodes get it from the bridge.
+		BridgeHairpin: !isSteelyard(proxy),
 	})
 	if err != nil {
 		return r, err
@@ -299,6 +309,8 @@ func runProxy(ctx context.Context, cfg config, rules List, proxy, e2e, ginkgo st
 		err = c.Install(ctx, []string{cfg.manifests}, map[string]string{"MODE": "nftables"}, steelyardArgs...)
 	case "kube-proxy":
 		err = c.StartKubeProxy(ctx, "iptables")
+	case "kube-proxy-nftables":
+		err = c.StartKubeProxy(ctx, "nftables")
 	}
 	if err != nil {
 		return r, fmt.Errorf("installing the proxy: %w", err)
@@ -306,7 +318,7 @@ func runProxy(ctx context.Context, cfg config, rules List, proxy, e2e, ginkgo st
 	if err := installDNS(ctx, c, dir); err != nil {
 		return r, fmt.Errorf("cluster DNS: %w", err)
 	}
-	runner, err := c.Sandbox.AddClient(netipZero)
+	runner, err := runnerNS(c)
 	if err != nil {
 		return r, err
 	}
@@ -315,7 +327,7 @@ func runProxy(ctx context.Context, cfg config, rules List, proxy, e2e, ginkgo st
 		return r, err
 	}
 	args := append([]string{"--net=" + runner.Path(), "--", ginkgo,
-		fmt.Sprintf("--nodes=%d", cfg.nodes),
+		fmt.Sprintf("--nodes=%d", cfg.procs),
 		"--timeout=" + cfg.timeout.String(),
 		"--junit-report=junit.xml", "--output-dir=" + dir,
 		"--no-color", "--silence-skips", "--poll-progress-after=5m",
@@ -342,7 +354,7 @@ func runProxy(ctx context.Context, cfg config, rules List, proxy, e2e, ginkgo st
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGINT) }
 	cmd.WaitDelay = 30 * time.Second
-	log.Printf("conformance: %s: running e2e.test (%d processes; log %s)", proxy, cfg.nodes, logPath)
+	log.Printf("conformance: %s: running e2e.test (%d processes, %d node(s); log %s)", proxy, cfg.procs, cfg.nodes, logPath)
 	t0 := time.Now()
 	runErr := cmd.Run()
 	r.wall = time.Since(t0)
@@ -364,8 +376,23 @@ func runProxy(ctx context.Context, cfg config, rules List, proxy, e2e, ginkgo st
 	return r, nil
 }
 
-// busyboxImage is the busybox scripts/conformance/images.sh builds.
-const busyboxImage = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2"
+// The images scripts/conformance/images.sh builds besides agnhost, by the
+// names e2e.test gives them.
+const (
+	busyboxImage    = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2"
+	regressionImage = "registry.k8s.io/e2e-test-images/regression-issue-74839:1.5"
+	iptablesImage   = "registry.k8s.io/build-image/distroless-iptables:v0.9.9"
+)
+
+// extraImages are the tarballs of scripts/conformance/images.sh that every
+// node imports.
+func extraImages(dir string) []string {
+	var out []string
+	for _, f := range []string{"agnhost-e2e.tar", "busybox.tar", "coredns.tar", "regression-74839.tar", "distroless-iptables.tar"} {
+		out = append(out, filepath.Join(dir, f))
+	}
+	return out
+}
 
 // clusterDNS is kube-dns's ClusterIP in coredns.yaml.
 var clusterDNS = netip.MustParseAddr("198.18.0.10")
@@ -388,9 +415,30 @@ func installDNS(ctx context.Context, c *cluster.Cluster, dir string) error {
 	return err
 }
 
+// runnerNS is where ginkgo runs: the sandbox's client of a one-node
+// cluster (its default route is the node), or a client on the node LAN of
+// several, with a route to each node's pod range via that node, as the lan
+// namespace has them (a kind cluster's host reaches node addresses and,
+// routed, pod IPs; never the Service range).
+func runnerNS(c *cluster.Cluster) (*sandbox.NS, error) {
+	if c.LAN == nil {
+		return c.Sandbox.AddClient(netipZero)
+	}
+	ns, err := c.AddLANClient()
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range c.Nodes {
+		if err := ns.IPBatch(fmt.Sprintf("route add %s via %s dev eth0", n.PodCIDR, n.IP)); err != nil {
+			return nil, err
+		}
+	}
+	return ns, nil
+}
+
 // nodeKubeconfig writes the admin's kubeconfig with the API server at the
-// node's address (relayed there, and named in its certificate): the
-// runner's namespace has no 127.0.0.1 of the root namespace.
+// first node's address (relayed there, and named in its certificate):
+// the runner's namespace has no 127.0.0.1 of the root namespace.
 func nodeKubeconfig(c *cluster.Cluster, dir string) (string, error) {
 	b, err := os.ReadFile(c.CP.Kubeconfig)
 	if err != nil {
@@ -405,28 +453,40 @@ func nodeKubeconfig(c *cluster.Cluster, dir string) (string, error) {
 	return p, os.WriteFile(p, b, 0o600)
 }
 
-// saveLogs keeps what explains a failure: the proxy's log and the
-// components' tails.
+// saveLogs keeps what explains a failure: the proxy's log on each node
+// (steelyard-<node>.log, kube-proxy-<node>.log) and the components'
+// tails.
 func saveLogs(ctx context.Context, c *cluster.Cluster, dir string) {
-	if out, err := c.Kubectl(ctx, "-n", "steelyard", "logs", "ds/steelyard", "-c", "steelyard", "--tail=2000"); err == nil {
-		_ = os.WriteFile(filepath.Join(dir, "steelyard.log"), []byte(out), 0o644)
+	pods, _ := c.Kubectl(ctx, "-n", "steelyard", "get", "pods", "-l", "app.kubernetes.io/name=steelyard",
+		"-o", `jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName}{"\n"}{end}`)
+	for _, l := range strings.Split(strings.TrimSpace(pods), "\n") {
+		f := strings.Fields(l)
+		if len(f) != 2 {
+			continue
+		}
+		if out, err := c.Kubectl(ctx, "-n", "steelyard", "logs", f[0], "-c", "steelyard", "--tail=5000"); err == nil {
+			_ = os.WriteFile(filepath.Join(dir, "steelyard-"+f[1]+".log"), []byte(out), 0o644)
+		}
 	}
-	if b, err := os.ReadFile(filepath.Join(c.Dir, "kube-proxy.log")); err == nil {
-		_ = os.WriteFile(filepath.Join(dir, "kube-proxy.log"), b, 0o644)
+	for _, n := range c.Nodes {
+		if b, err := os.ReadFile(filepath.Join(n.Dir, "kube-proxy.log")); err == nil {
+			_ = os.WriteFile(filepath.Join(dir, "kube-proxy-"+n.Name+".log"), b, 0o644)
+		}
 	}
 	_ = os.WriteFile(filepath.Join(dir, "components.log"), []byte(c.Logs(200)), 0o644)
 }
 
 // checkImages lists the images e2e.test wants and checks that the node
-// has the ones the Service tests use (pause, agnhost and busybox at the
-// versions e2e.test names); the others are reported, not built: a test that needs
+// has the ones the Service tests use (pause, agnhost, busybox,
+// regression-issue-74839 and distroless-iptables at the versions e2e.test
+// names); the others are reported, not built: a test that needs
 // one fails with an image pull error, which the table shows.
 func checkImages(e2e string) error {
 	out, err := exec.Command(e2e, "--list-images").Output()
 	if err != nil {
 		return fmt.Errorf("%s --list-images: %w", e2e, err)
 	}
-	want := map[string]bool{cluster.AgnhostImage: false, cluster.PauseImage: false, busyboxImage: false}
+	want := map[string]bool{cluster.AgnhostImage: false, cluster.PauseImage: false, busyboxImage: false, regressionImage: false, iptablesImage: false}
 	n := 0
 	for _, l := range strings.Fields(string(out)) {
 		n++
@@ -439,13 +499,13 @@ func checkImages(e2e string) error {
 			return fmt.Errorf("e2e.test --list-images does not name %s: the node's images (scripts/node/images.sh) and e2e.test disagree on versions", img)
 		}
 	}
-	log.Printf("conformance: e2e.test lists %d images; the node imports %s, %s and %s (what the Service tests run)", n, cluster.AgnhostImage, busyboxImage, cluster.PauseImage)
+	log.Printf("conformance: e2e.test lists %d images; the nodes import %s, %s, %s, %s and %s (what the Service tests run)", n, cluster.AgnhostImage, busyboxImage, regressionImage, iptablesImage, cluster.PauseImage)
 	return nil
 }
 
-func render(results []result, rules List, e2e, ginkgo string) string {
+func render(results []result, rules List, e2e, ginkgo string, nodes int) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\nKubernetes e2e Service tests, %s, e2e.test %s, ginkgo %s, one node\n", time.Now().UTC().Format("2006-01-02"), version(e2e, "--version"), version(ginkgo, "version"))
+	fmt.Fprintf(&b, "\nKubernetes e2e Service tests, %s, e2e.test %s, ginkgo %s, %d node(s)\n", time.Now().UTC().Format("2006-01-02"), version(e2e, "--version"), version(ginkgo, "version"), nodes)
 	fmt.Fprintf(&b, "focus: %d rules, skip: %d rules (%s)\n\n", len(rules.Focus), len(rules.Skip), "test/conformance/skip.txt")
 	fmt.Fprintf(&b, "| proxy | passed | failed | skipped by the test | filtered by skip.txt | not run (time-boxed) | wall time |\n|---|---|---|---|---|---|---|\n")
 	for _, r := range results {
@@ -489,10 +549,15 @@ func render(results []result, rules List, e2e, ginkgo string) string {
 			fmt.Fprintf(&b, "  %d x %s\n", rule[w], w)
 		}
 	}
-	var ref *result
-	for i := range results {
-		if results[i].proxy == "kube-proxy" && results[i].err == nil {
-			ref = &results[i]
+	// The reference: what kube-proxy passed, in either mode.
+	passed := map[string]bool{}
+	haveRef := false
+	for _, r := range results {
+		if !isSteelyard(r.proxy) && r.err == nil {
+			haveRef = true
+			for _, n := range r.Passed {
+				passed[n] = true
+			}
 		}
 	}
 	for _, r := range results {
@@ -503,13 +568,9 @@ func render(results []result, rules List, e2e, ginkgo string) string {
 			}
 		}
 	}
-	if ref != nil {
-		passed := map[string]bool{}
-		for _, n := range ref.Passed {
-			passed[n] = true
-		}
+	if haveRef {
 		for _, r := range results {
-			if r.proxy == "kube-proxy" {
+			if !isSteelyard(r.proxy) {
 				continue
 			}
 			var worse []string
@@ -519,7 +580,7 @@ func render(results []result, rules List, e2e, ginkgo string) string {
 				}
 			}
 			sort.Strings(worse)
-			fmt.Fprintf(&b, "\nfailed for %s, passed for kube-proxy: %d\n", r.proxy, len(worse))
+			fmt.Fprintf(&b, "\nfailed for %s, passed for kube-proxy (either mode): %d\n", r.proxy, len(worse))
 			for _, n := range worse {
 				fmt.Fprintf(&b, "  %s\n", n)
 			}

@@ -109,3 +109,29 @@ func TestVerdict(t *testing.T) {
 		t.Errorf("verdict %q", why)
 	}
 }
+
+// The table's comparison takes kube-proxy in either mode as the
+// reference: a spec steelyard failed that only kube-proxy's nftables mode
+// passed is listed, and the kube-proxy runs are not compared themselves.
+func TestRenderReference(t *testing.T) {
+	const spec = "[sig-network] Services should be rejected when no endpoints exist [Conformance]"
+	bad, l := fixture(t, "steelyard-nftables")
+	kpIptables := result{proxy: "kube-proxy", Outcome: Outcome{Failed: []string{spec}}}
+	kpNft := result{proxy: "kube-proxy-nftables", Outcome: Outcome{Passed: []string{spec}}}
+	got := render([]result{bad, kpIptables, kpNft}, l, "/nonexistent", "/nonexistent", 3)
+	for _, want := range []string{
+		"3 node(s)",
+		"failed for steelyard-nftables, passed for kube-proxy (either mode): 1\n  " + spec,
+		"| kube-proxy-nftables | 1 | 0 |",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("table lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "failed for kube-proxy") {
+		t.Errorf("a reference compared with itself:\n%s", got)
+	}
+	if got := render([]result{bad, kpIptables}, l, "/nonexistent", "/nonexistent", 3); !strings.Contains(got, "passed for kube-proxy (either mode): 0") {
+		t.Errorf("kube-proxy failed the spec too; want none listed:\n%s", got)
+	}
+}

@@ -325,7 +325,9 @@ func renderConformance(root, dir, file string) ([]string, error) {
 	refPassed := map[string]bool{}
 	haveRef := false
 	for _, s := range sums {
-		if s.Proxy == "kube-proxy" {
+		// The reference: kube-proxy in either mode (kube-proxy is
+		// iptables, kube-proxy-nftables nftables).
+		if strings.HasPrefix(s.Proxy, "kube-proxy") {
 			haveRef = true
 			for _, sp := range s.Specs {
 				if sp.Result == summary.Passed {

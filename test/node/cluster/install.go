@@ -81,14 +81,26 @@ func AddAgentArgs(args ...string) []string {
 // (its default, 0.0.0.0:10256 inside the node namespace).
 const KubeProxyHealthz = "0.0.0.0:10256"
 
-// StartKubeProxy runs the kube-proxy of the control-plane cache as a
-// process in the node's network and mount namespaces (like kubelet, so
-// its rules, sysctls and xtables lock are the node's), in mode ("iptables"
-// or "nftables"), and waits for its /healthz. The conntrack settings are
-// zero: kube-proxy then leaves nf_conntrack_max and the hashsize (host-wide
-// values) alone. Stop ends it with the node.
+// StartKubeProxy runs the kube-proxy of the control-plane cache on every
+// node, as a process in that node's network and mount namespaces (like
+// kubelet, so its rules, sysctls and xtables lock are the node's), in mode
+// ("iptables" or "nftables"), and waits for each /healthz. maxPerCore and
+// min are zero: kube-proxy then leaves nf_conntrack_max and the hashsize
+// (host-wide values) alone; the TCP timeouts are its defaults (24h, 1h),
+// which it writes in the node's network namespace, their scope. Each
+// node's log is kube-proxy.log in its Dir. Stop ends them with the nodes.
 func (c *Cluster) StartKubeProxy(ctx context.Context, mode string) error {
-	cfg := filepath.Join(c.Dir, "kube-proxy.yaml")
+	for _, n := range c.Nodes {
+		if err := n.startKubeProxy(ctx, mode); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+	}
+	return nil
+}
+
+func (n *Node) startKubeProxy(ctx context.Context, mode string) error {
+	c := n.c
+	cfg := filepath.Join(n.Dir, "kube-proxy.yaml")
 	doc := fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection:
@@ -101,27 +113,25 @@ metricsBindAddress: 127.0.0.1:10249
 conntrack:
   maxPerCore: 0
   min: 0
-  tcpEstablishedTimeout: 0s
-  tcpCloseWaitTimeout: 0s
-`, c.CP.Kubeconfig, c.NodeName, mode, c.ClusterCIDRs(), KubeProxyHealthz)
+`, c.CP.Kubeconfig, n.Name, mode, c.ClusterCIDRs(), KubeProxyHealthz)
 	if err := os.WriteFile(cfg, []byte(doc), 0o644); err != nil {
 		return err
 	}
 	kp := filepath.Join(filepath.Dir(c.Binaries.KubeControllerManager), "kube-proxy")
-	p, err := controlplane.StartComponent("kube-proxy", "nsenter", c.Nodes[0].inNode(kp, "--config="+cfg, "--v=1"),
-		filepath.Join(c.Dir, "kube-proxy.log"))
+	p, err := controlplane.StartComponent("kube-proxy", "nsenter", n.inNode(kp, "--config="+cfg, "--v=1"),
+		filepath.Join(n.Dir, "kube-proxy.log"))
 	if err != nil {
 		return err
 	}
 	c.add(p)
-	if err := joinCgroup(c.Nodes[0].cgroup+"/runtime", p.Pid()); err != nil {
+	if err := joinCgroup(n.cgroup+"/runtime", p.Pid()); err != nil {
 		return err
 	}
 	deadline := time.Now().Add(time.Minute)
 	for {
-		code, _, err := c.Sandbox.Node.HTTPGet("http://127.0.0.1:10256/healthz", 2*time.Second)
+		code, _, err := n.NS.HTTPGet("http://127.0.0.1:10256/healthz", 2*time.Second)
 		if err == nil && code == http.StatusOK {
-			c.logf("cluster: kube-proxy (%s mode) healthy", mode)
+			n.logf("kube-proxy (%s mode) healthy", mode)
 			return nil
 		}
 		if !p.Running() {
