@@ -35,48 +35,56 @@ func (p *Proxier) skeleton(tx txn) {
 		tx.Add(&knftables.Element{Set: setClusterCIDRs, Key: []string{c}})
 	}
 	mark := p.cfg.mark()
+	tcp := l4proto(protoNumbers["tcp"])
+	vmapPorts := func(m string) nftOnly { return nftOnly("meta l4proto . th dport vmap @" + m) }
+	vmapAddrPorts := func(m string) nftOnly { return nftOnly(ip + " daddr . meta l4proto . th dport vmap @" + m) }
+	nodePortIPs := inSet{field: daddr, set: setNodePortIPs}
 	regular := []struct {
 		name  string
-		rules []string
+		rules []rule
 	}{
-		{chainMarkMasq, []string{"meta mark set meta mark | " + mark}},
-		{chainMasquerading, []string{p.hairpinRule(), "meta mark & " + mark + " == 0 return", "meta mark set meta mark ^ " + mark, "masquerade fully-random"}},
-		{chainReject, []string{"reject"}},
-		{chainRejectShare, []string{"meta l4proto tcp reject with tcp reset", "reject"}},
-		{chainFilterEndpoints, []string{
-			ip + " daddr . meta l4proto . th dport vmap @" + mapNoEndpointServices,
-			ip + " daddr @" + setNodePortIPs + " meta l4proto . th dport vmap @" + mapNoEndpointNodePorts,
+		{chainMarkMasq, []rule{r(nftOnly("meta mark set meta mark | " + mark))}},
+		{chainMasquerading, []rule{p.hairpinRule(),
+			r(nftOnly("meta mark & "+mark+" == 0"), vReturn),
+			r(nftOnly("meta mark set meta mark ^ " + mark)),
+			r(nftOnly("masquerade fully-random"))}},
+		{chainReject, []rule{r(nftOnly("reject"))}},
+		{chainRejectShare, []rule{r(tcp, nftOnly("reject with tcp reset")), r(nftOnly("reject"))}},
+		{chainFilterEndpoints, []rule{
+			r(vmapAddrPorts(mapNoEndpointServices)),
+			r(nodePortIPs, vmapPorts(mapNoEndpointNodePorts)),
 		}},
-		{chainServices, []string{
-			ip + " daddr . meta l4proto . th dport vmap @" + mapServiceIPs,
-			ip + " daddr @" + setNodePortIPs + " meta l4proto . th dport vmap @" + mapServiceNodePorts,
+		{chainServices, []rule{
+			r(vmapAddrPorts(mapServiceIPs)),
+			r(nodePortIPs, vmapPorts(mapServiceNodePorts)),
 		}},
 	}
 	for _, c := range regular {
 		tx.Add(&knftables.Chain{Name: c.name})
 		tx.Flush(&knftables.Chain{Name: c.name})
-		for _, r := range c.rules {
-			tx.Add(&knftables.Rule{Chain: c.name, Rule: r})
+		for _, rl := range c.rules {
+			tx.AddRule(c.name, nil, rl)
 		}
 	}
+	ctNew := nftOnly("ct state new")
 	bases := []struct {
 		name string
 		typ  knftables.BaseChainType
 		hook knftables.BaseChainHook
 		prio knftables.BaseChainPriority
-		rule string
+		rule rule
 	}{
-		{chainNATPrerouting, knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority, "jump " + chainServices},
-		{chainNATOutput, knftables.NATType, knftables.OutputHook, knftables.DNATPriority, "jump " + chainServices},
-		{chainNATPostrouting, knftables.NATType, knftables.PostroutingHook, knftables.SNATPriority, "jump " + chainMasquerading},
-		{chainFilterInput, knftables.FilterType, knftables.InputHook, knftables.FilterPriority, "ct state new jump " + chainFilterEndpoints},
-		{chainFilterForward, knftables.FilterType, knftables.ForwardHook, knftables.FilterPriority, "ct state new jump " + chainFilterEndpoints},
-		{chainFilterOutput, knftables.FilterType, knftables.OutputHook, knftables.FilterPriority, "ct state new jump " + chainFilterEndpoints},
+		{chainNATPrerouting, knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority, r(jump(chainServices))},
+		{chainNATOutput, knftables.NATType, knftables.OutputHook, knftables.DNATPriority, r(jump(chainServices))},
+		{chainNATPostrouting, knftables.NATType, knftables.PostroutingHook, knftables.SNATPriority, r(jump(chainMasquerading))},
+		{chainFilterInput, knftables.FilterType, knftables.InputHook, knftables.FilterPriority, r(ctNew, jump(chainFilterEndpoints))},
+		{chainFilterForward, knftables.FilterType, knftables.ForwardHook, knftables.FilterPriority, r(ctNew, jump(chainFilterEndpoints))},
+		{chainFilterOutput, knftables.FilterType, knftables.OutputHook, knftables.FilterPriority, r(ctNew, jump(chainFilterEndpoints))},
 	}
 	for _, b := range bases {
 		tx.Add(&knftables.Chain{Name: b.name, Type: knftables.PtrTo(b.typ), Hook: knftables.PtrTo(b.hook), Priority: knftables.PtrTo(b.prio)})
 		tx.Flush(&knftables.Chain{Name: b.name})
-		tx.Add(&knftables.Rule{Chain: b.name, Rule: b.rule})
+		tx.AddRule(b.name, nil, b.rule)
 	}
 	p.localhost(tx)
 }
@@ -188,7 +196,7 @@ func (p *Proxier) sync(s dataplane.State, req dataplane.SyncRequest) error {
 
 	// The writer changes the record's owners in place, journaled below
 	// (record.go): a failed commit puts them back.
-	w := &writer{p: p, full: listing, live: live, seen: map[string]bool{}, owner: p.rec.owner}
+	w := &writer{p: p, full: listing, live: live, seen: map[elemID]bool{}, owner: p.rec.owner}
 	tx := &ops{}
 	nodeIPs := p.nodeAddrs()
 	if listing || !p.synced {
@@ -369,7 +377,7 @@ func (p *Proxier) commit(ctx context.Context, t *ops) (err error) {
 	}
 	p.lastNetlink = false
 	tx := p.nft.NewTransaction()
-	t.into(tx)
+	t.into(tx, p.f)
 	return p.nft.Run(ctx, tx)
 }
 
@@ -377,7 +385,7 @@ func (p *Proxier) commit(ctx context.Context, t *ops) (err error) {
 // the live elements of the shared maps.
 type liveNames struct {
 	chains, maps, sets map[string]bool
-	elems              map[string]elem // by id
+	elems              map[elemID]elem
 	hairpin            map[hairpinKey]bool
 }
 
@@ -401,7 +409,7 @@ func (l *liveNames) hasAll(o *portObjects) bool {
 }
 
 func (p *Proxier) listLive(ctx context.Context) (*liveNames, error) {
-	l := &liveNames{chains: map[string]bool{}, maps: map[string]bool{}, sets: map[string]bool{}, elems: map[string]elem{}, hairpin: map[hairpinKey]bool{}}
+	l := &liveNames{chains: map[string]bool{}, maps: map[string]bool{}, sets: map[string]bool{}, elems: map[elemID]elem{}, hairpin: map[hairpinKey]bool{}}
 	for kind, into := range map[string]map[string]bool{"chains": l.chains, "maps": l.maps, "sets": l.sets} {
 		names, err := p.nft.List(ctx, kind)
 		if isNotFound(err) {
@@ -433,10 +441,11 @@ func (p *Proxier) listLive(ctx context.Context) (*liveNames, error) {
 			return nil, fmt.Errorf("nftables: list map %s: %w", m, err)
 		}
 		for _, e := range es {
-			x := elem{m: m, key: splitKey(e.Key)}
-			if len(e.Value) > 0 {
-				x.value = strings.TrimSpace(strings.Join(e.Value, " . "))
+			key, err := parseSvcKey(m, splitKey(e.Key))
+			if err != nil {
+				return nil, fmt.Errorf("nftables: list map %s: %w", m, err)
 			}
+			x := elem{m: m, key: key, to: parseVerdict(strings.Join(e.Value, " . "))}
 			l.elems[x.id()] = x
 		}
 	}
@@ -497,9 +506,9 @@ type writer struct {
 	p     *Proxier
 	full  bool
 	live  *liveNames
-	owner map[string]dataplane.ServicePortName
+	owner map[elemID]dataplane.ServicePortName
 	// seen are the shared elements a full sync wrote or found right.
-	seen   map[string]bool
+	seen   map[elemID]bool
 	stale  map[staleKey]time.Time
 	reaped map[staleKey]bool
 	// The hairpin set (hairpin.go): a partial sync's changes of the
@@ -537,10 +546,10 @@ func (w *writer) revive(kind, name string) {
 // Service port n. In a full sync every object of o is rewritten.
 func (w *writer) port(tx txn, n dataplane.ServicePortName, old, o *portObjects) {
 	if old == nil || w.full {
-		old = &portObjects{chains: map[string][]string{}, maps: map[string]*weightMap{}, sets: map[string]int{}, elems: oldElems(old)}
+		old = &portObjects{chains: map[string][]rule{}, maps: map[string]*weightMap{}, sets: map[string]int{}, elems: oldElems(old)}
 	}
 	if o == nil {
-		o = &portObjects{chains: map[string][]string{}, maps: map[string]*weightMap{}, sets: map[string]int{}}
+		o = &portObjects{chains: map[string][]rule{}, maps: map[string]*weightMap{}, sets: map[string]int{}}
 	}
 	comment := knftables.PtrTo(commentOf(n, ""))
 	// 1. New objects, empty, so everything below may refer to them.
@@ -562,7 +571,7 @@ func (w *writer) port(tx txn, n dataplane.ServicePortName, old, o *portObjects) 
 	}
 	for _, m := range sortedKeys(o.maps) {
 		if _, ok := old.maps[m]; !ok {
-			typeOf := "numgen random mod 1 . meta l4proto : " + o.maps[m].data
+			typeOf := "numgen random mod 1 . meta l4proto : " + o.maps[m].data(w.p.f)
 			var mc *string
 			if countedMap(m) {
 				// knftables has no field for a set's "counter" statement:
@@ -576,7 +585,7 @@ func (w *writer) port(tx txn, n dataplane.ServicePortName, old, o *portObjects) 
 		}
 	}
 	// 2. Shared elements that go or change.
-	newElems := map[string]elem{}
+	newElems := map[elemID]elem{}
 	for _, e := range o.elems {
 		if owner, taken := w.owner[e.id()]; taken && owner != n {
 			log.WithFields(logrus.Fields{"service": n.String(), "entry": e.id(), "kept": owner.String()}).Warn("two Service ports share an entry point; the first is kept")
@@ -590,10 +599,10 @@ func (w *writer) port(tx txn, n dataplane.ServicePortName, old, o *portObjects) 
 		}
 		ne, ok := newElems[e.id()]
 		switch {
-		case ok && (w.full || ne.value == e.value):
+		case ok && (w.full || ne.to == e.to):
 			continue // unchanged, or compared with the kernel below
 		case !w.full:
-			tx.Delete(&knftables.Element{Map: e.m, Key: e.key})
+			tx.DeleteElem(sharedElem{e: e})
 		}
 		// In a full sync, repair deletes what the kernel still has.
 		delete(w.owner, e.id())
@@ -603,14 +612,14 @@ func (w *writer) port(tx txn, n dataplane.ServicePortName, old, o *portObjects) 
 	// chains and maps cost as much as the rest of the load.
 	for _, c := range o.order {
 		rs, ok := old.chains[c]
-		if ok && slices.Equal(rs, o.chains[c]) {
+		if ok && rulesEqual(rs, o.chains[c]) {
 			continue
 		}
 		if w.exists("chain", c, ok) {
 			tx.Flush(&knftables.Chain{Name: c})
 		}
 		for _, r := range o.chains[c] {
-			tx.Add(&knftables.Rule{Chain: c, Rule: r, Comment: comment})
+			tx.AddRule(c, comment, r)
 		}
 	}
 	// 4. Weight maps whose elements changed.
@@ -620,14 +629,14 @@ func (w *writer) port(tx txn, n dataplane.ServicePortName, old, o *portObjects) 
 		} else if w.exists("map", m, ok) {
 			tx.Flush(&knftables.Map{Name: m})
 		}
-		proto := o.src.VIP.Protocol.Lower()
-		for _, e := range o.maps[m].elems {
-			tx.Add(&knftables.Element{Map: m, Key: []string{e[0], proto}, Value: []string{e[1]}})
+		wm := o.maps[m]
+		for _, e := range wm.elems {
+			tx.AddElem(mapElem{m, wm.proto, e})
 		}
 	}
 	w.hairpinPort(tx, old, o)
 	// 5. Shared elements that come.
-	for _, id := range sortedKeys(newElems) {
+	for _, id := range sortedIDs(newElems) {
 		e := newElems[id]
 		w.seen[id] = true
 		if _, mine := w.owner[id]; mine && !w.full {
@@ -635,18 +644,14 @@ func (w *writer) port(tx txn, n dataplane.ServicePortName, old, o *portObjects) 
 		}
 		if w.full {
 			if le, ok := w.live.elems[id]; ok {
-				if le.value == e.value {
+				if le.to == e.to {
 					w.owner[id] = n
 					continue
 				}
-				tx.Delete(&knftables.Element{Map: e.m, Key: e.key})
+				tx.DeleteElem(sharedElem{e: e})
 			}
 		}
-		el := &knftables.Element{Map: e.m, Key: e.key, Comment: knftables.PtrTo(commentOf(n, e.kind))}
-		if e.value != "" {
-			el.Value = []string{e.value}
-		}
-		tx.Add(el)
+		tx.AddElem(sharedElem{e, knftables.PtrTo(commentOf(n, e.kind))})
 		w.owner[id] = n
 	}
 	// 6. Objects no longer used: left as they are now, flushed and deleted
@@ -721,25 +726,20 @@ func (w *writer) repair(tx txn, applied map[dataplane.ServicePortName]*portObjec
 			}
 			w.seen[e.id()] = true
 			le, ok := w.live.elems[e.id()]
-			if ok && le.value == e.value {
+			if ok && le.to == e.to {
 				continue
 			}
 			if ok {
-				tx.Delete(&knftables.Element{Map: e.m, Key: e.key})
+				tx.DeleteElem(sharedElem{e: e})
 			}
-			el := &knftables.Element{Map: e.m, Key: e.key, Comment: knftables.PtrTo(commentOf(n, e.kind))}
-			if e.value != "" {
-				el.Value = []string{e.value}
-			}
-			tx.Add(el)
+			tx.AddElem(sharedElem{e, knftables.PtrTo(commentOf(n, e.kind))})
 		}
 	}
-	for _, id := range sortedKeys(w.live.elems) {
+	for _, id := range sortedIDs(w.live.elems) {
 		if w.seen[id] {
 			continue
 		}
-		e := w.live.elems[id]
-		tx.Delete(&knftables.Element{Map: e.m, Key: e.key})
+		tx.DeleteElem(sharedElem{e: w.live.elems[id]})
 	}
 	w.hairpinRepair(tx, applied)
 	perPort := func(name string) bool {
