@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strconv"
 
-
 	"github.com/steelyard-net/steelyard/dataplane"
 )
 

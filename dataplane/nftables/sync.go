@@ -376,6 +376,13 @@ func (p *Proxier) commit(ctx context.Context, t *ops) (err error) {
 		log.WithField("reason", err.Error()).Debug("transaction goes through nft")
 	}
 	p.lastNetlink = false
+	if r, ok := p.nft.(*childRunner); ok {
+		text, err := t.script(r.NewTransaction, p.f)
+		if err != nil {
+			return err
+		}
+		return r.runScript(ctx, text)
+	}
 	tx := p.nft.NewTransaction()
 	t.into(tx, p.f)
 	return p.nft.Run(ctx, tx)
