@@ -51,11 +51,7 @@ func TestHairpinSetCountsSharedEndpoints(t *testing.T) {
 		if _, err := p.Sync(dataplane.State{Services: ports}, req); err != nil {
 			t.Fatalf("%s: %v", what, err)
 		}
-		if live, err := p.Explain(); err != nil {
-			t.Fatal(err)
-		} else if diff := dataplane.Diff(dataplane.Expected(dataplane.State{Services: ports}), live); len(diff) > 0 {
-			t.Errorf("%s:\n%s", what, strings.Join(diff, "\n"))
-		}
+		wantServed(t, what, p, dataplane.State{Services: ports})
 	}
 	sync("first", dataplane.FullSync, a, b)
 	wantHairpin(t, "a and b", nft, "198.19.1.2", "198.19.1.3")
@@ -144,14 +140,9 @@ func TestAffinityKeepsEndpointChains(t *testing.T) {
 			t.Errorf("map %s (%s): %v, want %v", m, wm.data(p.f), wm.elems, want)
 		}
 	}
-	views, err := p.Explain()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if diff := dataplane.Diff(dataplane.Expected(dataplane.State{Services: []dataplane.ServicePort{af, plain}}), views); len(diff) > 0 {
-		t.Errorf("explain:\n%s", strings.Join(diff, "\n"))
-	}
-	for _, v := range views {
+	st := dataplane.State{Services: []dataplane.ServicePort{af, plain}}
+	wantServed(t, "affinity and reject share", p, st)
+	for _, v := range tracedViews(t, newTracer(t, nft), st) {
 		if v.Service == "default/plain:http" && v.RejectShare != 50 {
 			t.Errorf("reject share %v, want 50: %s", v.RejectShare, v.Line())
 		}
