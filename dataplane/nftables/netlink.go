@@ -19,11 +19,14 @@ import (
 // chain for every netlink message it fills (perf: nf_tables_dump_chains,
 // __nf_tables_dump_rules). A transaction sent over netlink needs no cache:
 // the kernel resolves chain and set names itself. So a transaction whose
-// every operation is one of the few shapes below (the operations of an
-// endpoint or weight change) goes to the kernel as one netlink batch,
-// which the kernel applies atomically like nft -f; anything else (new
-// maps and sets, base chains, the table) goes through nft. The encodings
-// are byte for byte what nft 1.0.6 writes for the same text (checked by
+// every operation has a netlink encoding (the operations of an endpoint
+// or weight change: chains, flushes, the typed rules and elements of the
+// model, model.go, whose statements encode themselves) goes to the kernel
+// as one netlink batch, which the kernel applies atomically like nft -f;
+// anything else (new maps and sets, base chains, the table, statements
+// only nft writes) goes through nft. Both writers work from the same typed
+// objects: nothing here reads rule text. The encodings are byte for byte
+// what nft 1.0.6 writes for the model's text (checked by
 // TestNetlinkMatchesNft against the kernel's bytecode, "nft
 // --debug=netlink list table"), so the packet path, "nft list" and explain
 // are the same whichever path wrote it.
