@@ -34,11 +34,17 @@ func r(s ...stmt) rule { return rule(s) }
 
 // text is the rule as nft spells it.
 func (r rule) text(f fam) string {
-	parts := make([]string, len(r))
-	for i, s := range r {
-		parts[i] = s.text(f)
+	if len(r) == 1 {
+		return r[0].text(f)
 	}
-	return strings.Join(parts, " ")
+	var b strings.Builder
+	for i, s := range r {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(s.text(f))
+	}
+	return b.String()
 }
 
 // encode is the rule's netlink expressions.

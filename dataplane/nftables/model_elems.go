@@ -167,11 +167,12 @@ func (m *weightMap) data(f fam) string {
 	return "verdict"
 }
 
-// mapElem is an element of weight map m as written.
+// mapElem is an element of weight map m as written (e points into the
+// rendered weightMap: no copy per queued element).
 type mapElem struct {
 	m     string
 	proto uint8
-	e     wmElem
+	e     *wmElem
 }
 
 func (s mapElem) set() (string, bool) { return s.m, true }

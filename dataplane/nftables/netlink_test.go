@@ -155,16 +155,16 @@ func TestScriptGroupsElements(t *testing.T) {
 	tcp := protoNumbers["tcp"]
 	ap := netip.MustParseAddrPort
 	t0 := &ops{}
-	t0.AddElem(mapElem{"dc-a", tcp, wmElem{lo: 0, hi: 9, dnat: ap("198.19.1.2:8080")}})
-	t0.AddElem(mapElem{"dc-a", tcp, wmElem{lo: 10, hi: 99, dnat: ap("198.19.1.3:8080")}})
+	t0.AddElem(mapElem{"dc-a", tcp, &wmElem{lo: 0, hi: 9, dnat: ap("198.19.1.2:8080")}})
+	t0.AddElem(mapElem{"dc-a", tcp, &wmElem{lo: 10, hi: 99, dnat: ap("198.19.1.3:8080")}})
 	t0.AddElem(newHairpinKey(netip.MustParseAddr("198.19.1.2"), tcp, 8080))
 	t0.Flush(&knftables.Map{Name: "dc-b"})
-	t0.AddElem(mapElem{"dc-b", tcp, wmElem{lo: 0, hi: 99, dnat: ap("198.19.1.4:8080")}})
+	t0.AddElem(mapElem{"dc-b", tcp, &wmElem{lo: 0, hi: 99, dnat: ap("198.19.1.4:8080")}})
 	vip := func(a string) svcKey { return svcKey{netip.MustParseAddr(a), tcp, 80} }
 	t0.AddElem(sharedElem{elem{mapServiceIPs, vip("198.18.0.10"), goTo("svc-x"), ""}, knftables.PtrTo("default/a:http")})
 	t0.AddElem(sharedElem{elem{mapServiceIPs, vip("198.18.0.11"), goTo("svc-y"), ""}, knftables.PtrTo("default/b:http")})
-	t0.AddElem(mapElem{"wc-b", tcp, wmElem{lo: 100, hi: 199, to: goTo("ep-a")}})
-	t0.DeleteElem(mapElem{"wc-b", tcp, wmElem{lo: 0, hi: 99, to: goTo("ep-a")}})
+	t0.AddElem(mapElem{"wc-b", tcp, &wmElem{lo: 100, hi: 199, to: goTo("ep-a")}})
+	t0.DeleteElem(mapElem{"wc-b", tcp, &wmElem{lo: 0, hi: 99, to: goTo("ep-a")}})
 	t0.AddRule("svc-x", nil, r(l4proto(tcp), numgenDNAT{100, "dc-a"}))
 	want := "add element ip steelyard dc-a { 0-9 . tcp : 198.19.1.2 . 8080, 10-99 . tcp : 198.19.1.3 . 8080 }\n" +
 		"add element ip steelyard hairpin { 198.19.1.2 . tcp . 8080 . 198.19.1.2 }\n" +

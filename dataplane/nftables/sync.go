@@ -637,8 +637,8 @@ func (w *writer) port(tx txn, n dataplane.ServicePortName, old, o *portObjects) 
 			tx.Flush(&knftables.Map{Name: m})
 		}
 		wm := o.maps[m]
-		for _, e := range wm.elems {
-			tx.AddElem(mapElem{m, wm.proto, e})
+		for i := range wm.elems {
+			tx.AddElem(mapElem{m, wm.proto, &wm.elems[i]})
 		}
 	}
 	w.hairpinPort(tx, old, o)
