@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -17,77 +15,6 @@ import (
 	"github.com/steelyard-net/steelyard/dataplane"
 	"github.com/steelyard-net/steelyard/internal/execx"
 )
-
-// skeleton adds (and flushes and refills) the fixed chains and sets. The
-// shared maps are only added: their elements belong to the Service ports.
-func (p *Proxier) skeleton(tx txn) {
-	tx.Add(&knftables.Table{Comment: knftables.PtrTo("steelyard: weighted Service VIPs")})
-	ip := p.f.ip
-	tx.Add(&knftables.Map{Name: mapServiceIPs, Type: p.f.addrType + " . inet_proto . inet_service : verdict"})
-	tx.Add(&knftables.Map{Name: mapServiceNodePorts, Type: "inet_proto . inet_service : verdict"})
-	tx.Add(&knftables.Map{Name: mapNoEndpointServices, Type: p.f.addrType + " . inet_proto . inet_service : verdict"})
-	tx.Add(&knftables.Map{Name: mapNoEndpointNodePorts, Type: "inet_proto . inet_service : verdict"})
-	tx.Add(&knftables.Set{Name: setNodePortIPs, Type: p.f.addrType})
-	tx.Add(&knftables.Set{Name: setHairpin, Type: p.f.addrType + " . inet_proto . inet_service . " + p.f.addrType})
-	tx.Add(&knftables.Set{Name: setClusterCIDRs, Type: p.f.addrType, Flags: []knftables.SetFlag{knftables.IntervalFlag}})
-	tx.Flush(&knftables.Set{Name: setClusterCIDRs})
-	for _, c := range p.familyCIDRs() {
-		tx.Add(&knftables.Element{Set: setClusterCIDRs, Key: []string{c}})
-	}
-	mark := p.cfg.mark()
-	tcp := l4proto(protoNumbers["tcp"])
-	vmapPorts := func(m string) nftOnly { return nftOnly("meta l4proto . th dport vmap @" + m) }
-	vmapAddrPorts := func(m string) nftOnly { return nftOnly(ip + " daddr . meta l4proto . th dport vmap @" + m) }
-	nodePortIPs := inSet{field: daddr, set: setNodePortIPs}
-	regular := []struct {
-		name  string
-		rules []rule
-	}{
-		{chainMarkMasq, []rule{r(nftOnly("meta mark set meta mark | " + mark))}},
-		{chainMasquerading, []rule{p.hairpinRule(),
-			r(nftOnly("meta mark & "+mark+" == 0"), vReturn),
-			r(nftOnly("meta mark set meta mark ^ " + mark)),
-			r(nftOnly("masquerade fully-random"))}},
-		{chainReject, []rule{r(nftOnly("reject"))}},
-		{chainRejectShare, []rule{r(tcp, nftOnly("reject with tcp reset")), r(nftOnly("reject"))}},
-		{chainFilterEndpoints, []rule{
-			r(vmapAddrPorts(mapNoEndpointServices)),
-			r(nodePortIPs, vmapPorts(mapNoEndpointNodePorts)),
-		}},
-		{chainServices, []rule{
-			r(vmapAddrPorts(mapServiceIPs)),
-			r(nodePortIPs, vmapPorts(mapServiceNodePorts)),
-		}},
-	}
-	for _, c := range regular {
-		tx.Add(&knftables.Chain{Name: c.name})
-		tx.Flush(&knftables.Chain{Name: c.name})
-		for _, rl := range c.rules {
-			tx.AddRule(c.name, nil, rl)
-		}
-	}
-	ctNew := nftOnly("ct state new")
-	bases := []struct {
-		name string
-		typ  knftables.BaseChainType
-		hook knftables.BaseChainHook
-		prio knftables.BaseChainPriority
-		rule rule
-	}{
-		{chainNATPrerouting, knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority, r(jump(chainServices))},
-		{chainNATOutput, knftables.NATType, knftables.OutputHook, knftables.DNATPriority, r(jump(chainServices))},
-		{chainNATPostrouting, knftables.NATType, knftables.PostroutingHook, knftables.SNATPriority, r(jump(chainMasquerading))},
-		{chainFilterInput, knftables.FilterType, knftables.InputHook, knftables.FilterPriority, r(ctNew, jump(chainFilterEndpoints))},
-		{chainFilterForward, knftables.FilterType, knftables.ForwardHook, knftables.FilterPriority, r(ctNew, jump(chainFilterEndpoints))},
-		{chainFilterOutput, knftables.FilterType, knftables.OutputHook, knftables.FilterPriority, r(ctNew, jump(chainFilterEndpoints))},
-	}
-	for _, b := range bases {
-		tx.Add(&knftables.Chain{Name: b.name, Type: knftables.PtrTo(b.typ), Hook: knftables.PtrTo(b.hook), Priority: knftables.PtrTo(b.prio)})
-		tx.Flush(&knftables.Chain{Name: b.name})
-		tx.AddRule(b.name, nil, b.rule)
-	}
-	p.localhost(tx)
-}
 
 // Sync implements dataplane.Dataplane. A partial Sync looks only at the
 // Service ports of req.Changed (the Builder's set; all of them when it is
@@ -386,126 +313,6 @@ func (p *Proxier) commit(ctx context.Context, t *ops) (err error) {
 	tx := p.nft.NewTransaction()
 	t.into(tx, p.f)
 	return p.nft.Run(ctx, tx)
-}
-
-// liveNames are the names of the table's objects, read over netlink, and
-// the live elements of the shared maps.
-type liveNames struct {
-	chains, maps, sets map[string]bool
-	elems              map[elemID]elem
-	hairpin            map[hairpinKey]bool
-}
-
-func (l *liveNames) hasAll(o *portObjects) bool {
-	for c := range o.chains {
-		if !l.chains[c] {
-			return false
-		}
-	}
-	for m := range o.maps {
-		if !l.maps[m] {
-			return false
-		}
-	}
-	for s := range o.sets {
-		if !l.sets[s] {
-			return false
-		}
-	}
-	return true
-}
-
-func (p *Proxier) listLive(ctx context.Context) (*liveNames, error) {
-	l := &liveNames{chains: map[string]bool{}, maps: map[string]bool{}, sets: map[string]bool{}, elems: map[elemID]elem{}, hairpin: map[hairpinKey]bool{}}
-	for kind, into := range map[string]map[string]bool{"chains": l.chains, "maps": l.maps, "sets": l.sets} {
-		names, err := p.nft.List(ctx, kind)
-		if isNotFound(err) {
-			return l, nil // no table yet
-		}
-		if err != nil {
-			return nil, fmt.Errorf("nftables: list %s: %w", kind, err)
-		}
-		for _, n := range names {
-			into[n] = true
-		}
-	}
-	for _, m := range []string{mapServiceIPs, mapServiceNodePorts, mapNoEndpointServices, mapNoEndpointNodePorts} {
-		if !l.maps[m] {
-			continue
-		}
-		if p.netlink != nil {
-			es, err := p.netlink.elements(m)
-			if err != nil {
-				return nil, fmt.Errorf("nftables: list map %s: %w", m, err)
-			}
-			for _, x := range es {
-				l.elems[x.id()] = x
-			}
-			continue
-		}
-		es, err := p.nft.ListElements(ctx, "map", m)
-		if err != nil {
-			return nil, fmt.Errorf("nftables: list map %s: %w", m, err)
-		}
-		for _, e := range es {
-			key, err := parseSvcKey(m, splitKey(e.Key))
-			if err != nil {
-				return nil, fmt.Errorf("nftables: list map %s: %w", m, err)
-			}
-			x := elem{m: m, key: key, to: parseVerdict(strings.Join(e.Value, " . "))}
-			l.elems[x.id()] = x
-		}
-	}
-	if l.sets[setHairpin] {
-		if err := p.listHairpin(ctx, l); err != nil {
-			return nil, fmt.Errorf("nftables: list set %s: %w", setHairpin, err)
-		}
-	}
-	return l, nil
-}
-
-// listHairpin reads the hairpin set's elements into l.
-func (p *Proxier) listHairpin(ctx context.Context, l *liveNames) error {
-	if p.netlink != nil {
-		ks, err := p.netlink.hairpinElements()
-		for _, k := range ks {
-			l.hairpin[k] = true
-		}
-		return err
-	}
-	es, err := p.nft.ListElements(ctx, "set", setHairpin)
-	if err != nil {
-		return err
-	}
-	for _, e := range es {
-		f := splitKey(e.Key)
-		if len(f) != 4 {
-			return fmt.Errorf("element %q", e.Key)
-		}
-		a, err1 := netip.ParseAddr(f[0])
-		port, err2 := strconv.ParseUint(f[2], 10, 16)
-		if err1 != nil || err2 != nil {
-			return fmt.Errorf("element %q", e.Key)
-		}
-		proto, ok := protoNumbers[f[1]]
-		if !ok {
-			return fmt.Errorf("element %q", e.Key)
-		}
-		l.hairpin[newHairpinKey(a, proto, uint16(port))] = true
-	}
-	return nil
-}
-
-// splitKey returns the fields of a concatenated key however it was listed.
-func splitKey(key []string) []string {
-	if len(key) == 1 && strings.Contains(key[0], " . ") {
-		key = strings.Split(key[0], " . ")
-	}
-	out := make([]string, len(key))
-	for i, k := range key {
-		out[i] = strings.TrimSpace(k)
-	}
-	return out
 }
 
 // writer adds the operations of one Sync to its transactions.
