@@ -189,35 +189,39 @@ func TestPrintRules(t *testing.T) {
 }
 
 // TestPrintWriterRules: every rule shape the netlink writer encodes (as nft
-// does, TestNetlinkMatchesNft) prints back as the text nft lists.
+// does, TestNetlinkMatchesNft) prints back as the text the model spells
+// for nft.
 func TestPrintWriterRules(t *testing.T) {
+	a4, a6 := netip.MustParseAddr, netip.MustParseAddrPort
+	tcp, udp, sctp := protoNumbers["tcp"], protoNumbers["udp"], protoNumbers["sctp"]
+	notCIDRs := inSet{saddr, true, setClusterCIDRs}
 	for _, c := range []struct {
-		family   int
-		in, want string
+		family int
+		r      rule
+		want   string
 	}{
-		{4, "ip saddr 198.19.1.2 jump mark-for-masquerade", ""},
-		{4, "meta l4proto tcp dnat to 198.19.1.2:8080", ""},
-		{4, "meta l4proto udp dnat to 198.19.1.2:53", ""},
-		{4, "meta l4proto sctp dnat to 198.19.1.2:2905", ""},
-		{6, "meta l4proto sctp dnat to [2001:2::1:2]:2905", ""},
-		{6, "meta l4proto tcp dnat to [2001:2::1:2]:8080", ""},
-		{4, "ip daddr 198.18.0.10 tcp dport 80 ip saddr != @cluster-cidrs jump mark-for-masquerade", ""},
-		{4, "ip daddr 198.18.0.10 udp dport 53 jump mark-for-masquerade", ""},
-		{4, "ip daddr 198.18.0.40 sctp dport 2905 ip saddr != @cluster-cidrs jump mark-for-masquerade", ""},
-		{6, "ip6 daddr 2001:2::40 sctp dport 2905 jump mark-for-masquerade", ""},
-		{6, "ip6 daddr 2001:2::10 tcp dport 80 ip6 saddr != @cluster-cidrs jump mark-for-masquerade", ""},
-		{4, "numgen random mod 100 . meta l4proto vmap @wc-a", ""},
-		{4, "goto svc-a", ""},
-		{4, "jump mark-for-masquerade", ""},
+		{4, r(addrIs{saddr, a4("198.19.1.2")}, jump("mark-for-masquerade")), "ip saddr 198.19.1.2 jump mark-for-masquerade"},
+		{4, r(l4proto(tcp), dnatTo(a6("198.19.1.2:8080"))), "meta l4proto tcp dnat to 198.19.1.2:8080"},
+		{4, r(l4proto(udp), dnatTo(a6("198.19.1.2:53"))), "meta l4proto udp dnat to 198.19.1.2:53"},
+		{4, r(l4proto(sctp), dnatTo(a6("198.19.1.2:2905"))), "meta l4proto sctp dnat to 198.19.1.2:2905"},
+		{6, r(l4proto(sctp), dnatTo(a6("[2001:2::1:2]:2905"))), "meta l4proto sctp dnat to [2001:2::1:2]:2905"},
+		{6, r(l4proto(tcp), dnatTo(a6("[2001:2::1:2]:8080"))), "meta l4proto tcp dnat to [2001:2::1:2]:8080"},
+		{4, r(addrIs{daddr, a4("198.18.0.10")}, dport{tcp, 80}, notCIDRs, jump("mark-for-masquerade")), "ip daddr 198.18.0.10 tcp dport 80 ip saddr != @cluster-cidrs jump mark-for-masquerade"},
+		{4, r(addrIs{daddr, a4("198.18.0.10")}, dport{udp, 53}, jump("mark-for-masquerade")), "ip daddr 198.18.0.10 udp dport 53 jump mark-for-masquerade"},
+		{4, r(addrIs{daddr, a4("198.18.0.40")}, dport{sctp, 2905}, notCIDRs, jump("mark-for-masquerade")), "ip daddr 198.18.0.40 sctp dport 2905 ip saddr != @cluster-cidrs jump mark-for-masquerade"},
+		{6, r(addrIs{daddr, a4("2001:2::40")}, dport{sctp, 2905}, jump("mark-for-masquerade")), "ip6 daddr 2001:2::40 sctp dport 2905 jump mark-for-masquerade"},
+		{6, r(addrIs{daddr, a4("2001:2::10")}, dport{tcp, 80}, notCIDRs, jump("mark-for-masquerade")), "ip6 daddr 2001:2::10 tcp dport 80 ip6 saddr != @cluster-cidrs jump mark-for-masquerade"},
+		{4, r(numgenVmap{100, "wc-a"}), "numgen random mod 100 . meta l4proto vmap @wc-a"},
+		{4, r(goTo("svc-a")), "goto svc-a"},
+		{4, r(jump("mark-for-masquerade")), "jump mark-for-masquerade"},
 	} {
-		w := newNetlinkWriter(c.family)
-		es, err := w.rule(c.in)
-		if err != nil {
-			t.Fatalf("%s: %v", c.in, err)
+		f := famOf(c.family)
+		if got := c.r.text(f); got != c.want {
+			t.Errorf("text %s, want %s", got, c.want)
 		}
-		want := c.want
-		if want == "" {
-			want = c.in
+		es, err := c.r.encode(f)
+		if err != nil {
+			t.Fatalf("%s: %v", c.want, err)
 		}
 		sets := testSets(c.family)
 		sets["cluster-cidrs"] = &nlSet{name: "cluster-cidrs", flags: unix.NFT_SET_INTERVAL, keyType: typeIPAddr, keyLen: 4}
@@ -226,11 +230,11 @@ func TestPrintWriterRules(t *testing.T) {
 		}
 		pr := printer{family: c.family, set: func(n string) *nlSet { return sets[n] }}
 		got, rf := pr.rule(exprs(t, c.family, es...), nil)
-		if got != want {
-			t.Errorf("got  %s\nwant %s", got, want)
+		if got != c.want {
+			t.Errorf("got  %s\nwant %s", got, c.want)
 		}
-		if m := reGoto.FindStringSubmatch(want); m != nil && (len(rf.chains) != 1 || rf.chains[0] != m[1]) {
-			t.Errorf("%s: chains named %v", want, rf.chains)
+		if m := reGoto.FindStringSubmatch(c.want); m != nil && (len(rf.chains) != 1 || rf.chains[0] != m[1]) {
+			t.Errorf("%s: chains named %v", c.want, rf.chains)
 		}
 	}
 }

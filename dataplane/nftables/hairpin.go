@@ -6,8 +6,6 @@ import (
 	"slices"
 	"strconv"
 
-	"sigs.k8s.io/knftables"
-
 	"github.com/steelyard-net/steelyard/dataplane"
 )
 
@@ -28,9 +26,9 @@ const setHairpin = "hairpin"
 
 // hairpinRule is the rule of the masquerading chain that marks hairpin
 // connections (before the mark is checked).
-func (p *Proxier) hairpinRule() string {
+func (p *Proxier) hairpinRule() rule {
 	ip := p.f.ip
-	return "ct status dnat " + ip + " daddr . meta l4proto . th dport . " + ip + " saddr @" + setHairpin + " jump " + chainMarkMasq
+	return r(nftOnly("ct status dnat "+ip+" daddr . meta l4proto . th dport . "+ip+" saddr @"+setHairpin), jump(chainMarkMasq))
 }
 
 // hairpinKey is one element of the hairpin set: an endpoint connecting to
@@ -55,10 +53,6 @@ func (k hairpinKey) fields() []string {
 		proto = strconv.Itoa(int(k.proto))
 	}
 	return []string{a, proto, strconv.Itoa(int(k.port)), a}
-}
-
-func (k hairpinKey) element() *knftables.Element {
-	return &knftables.Element{Set: setHairpin, Key: k.fields()}
 }
 
 // Two Service ports can share an endpoint address and port (two Services
@@ -123,7 +117,7 @@ func (w *writer) hairpinSeen(tx txn, k hairpinKey) {
 	}
 	w.hpSeen[k] = true
 	if !w.live.hairpin[k] {
-		tx.Add(k.element())
+		tx.AddElem(k)
 	}
 }
 
@@ -139,9 +133,9 @@ func (w *writer) hairpinOps(tx txn) {
 		after := before + w.hpDelta[k]
 		switch {
 		case before == 0 && after > 0:
-			tx.Add(k.element())
+			tx.AddElem(k)
 		case before > 0 && after <= 0:
-			tx.Delete(k.element())
+			tx.DeleteElem(k)
 		}
 	}
 }
@@ -159,7 +153,7 @@ func (w *writer) hairpinRepair(tx txn, applied map[dataplane.ServicePortName]*po
 	}
 	for _, k := range sortedHairpin(w.live.hairpin) {
 		if refs[k] == 0 {
-			tx.Delete(k.element())
+			tx.DeleteElem(k)
 		}
 	}
 	w.hpRefs = refs

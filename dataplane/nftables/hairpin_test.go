@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -50,11 +51,7 @@ func TestHairpinSetCountsSharedEndpoints(t *testing.T) {
 		if _, err := p.Sync(dataplane.State{Services: ports}, req); err != nil {
 			t.Fatalf("%s: %v", what, err)
 		}
-		if live, err := p.Explain(); err != nil {
-			t.Fatal(err)
-		} else if diff := dataplane.Diff(dataplane.Expected(dataplane.State{Services: ports}), live); len(diff) > 0 {
-			t.Errorf("%s:\n%s", what, strings.Join(diff, "\n"))
-		}
+		wantServed(t, what, p, dataplane.State{Services: ports})
 	}
 	sync("first", dataplane.FullSync, a, b)
 	wantHairpin(t, "a and b", nft, "198.19.1.2", "198.19.1.3")
@@ -114,7 +111,7 @@ func TestAffinityKeepsEndpointChains(t *testing.T) {
 	for c, rules := range o.chains {
 		if strings.HasPrefix(c, epPrefix) {
 			eps++
-			if !strings.Contains(rules[0], "saddr 198.19.1.") || !strings.Contains(rules[0], "jump "+chainMarkMasq) {
+			if t0 := rules[0].text(p.f); !strings.Contains(t0, "saddr 198.19.1.") || !strings.Contains(t0, "jump "+chainMarkMasq) {
 				t.Errorf("endpoint chain %s: %q", c, rules)
 			}
 		}
@@ -123,8 +120,8 @@ func TestAffinityKeepsEndpointChains(t *testing.T) {
 		t.Errorf("affinity port: %d endpoint chains, want 2", eps)
 	}
 	for m, wm := range o.maps {
-		if !strings.HasPrefix(m, wPrefix+"c-") || wm.data != "verdict" {
-			t.Errorf("affinity port: map %s of %s", m, wm.data)
+		if !strings.HasPrefix(m, wPrefix+"c-") || wm.data(p.f) != "verdict" {
+			t.Errorf("affinity port: map %s of %s", m, wm.data(p.f))
 		}
 	}
 	o = p.renderPort(p.rec.ports[plain.Name])
@@ -132,25 +129,20 @@ func TestAffinityKeepsEndpointChains(t *testing.T) {
 		if strings.HasPrefix(c, epPrefix) {
 			t.Errorf("port without affinity has endpoint chain %s", c)
 		}
-		if strings.HasPrefix(c, svcPrefix) && !strings.HasPrefix(rules[len(rules)-1], "meta l4proto tcp dnat ip to numgen random mod 1000000 . meta l4proto map @"+dnatPrefix+"c-") {
+		if strings.HasPrefix(c, svcPrefix) && !strings.HasPrefix(rules[len(rules)-1].text(p.f), "meta l4proto tcp dnat ip to numgen random mod 1000000 . meta l4proto map @"+dnatPrefix+"c-") {
 			t.Errorf("split chain %s: %q", c, rules)
 		}
 	}
 	// 1:3 and a reject weight of 4: half the range has no element.
 	for m, wm := range o.maps {
-		want := [][2]string{{"0-124999", "198.19.1.4 . 8080"}, {"125000-499999", "198.19.1.5 . 8080"}}
-		if !slices.Equal(wm.elems, want) || wm.data != "ip daddr . tcp dport" {
-			t.Errorf("map %s (%s): %q, want %q", m, wm.data, wm.elems, want)
+		want := []wmElem{{lo: 0, hi: 124999, dnat: netip.MustParseAddrPort("198.19.1.4:8080")}, {lo: 125000, hi: 499999, dnat: netip.MustParseAddrPort("198.19.1.5:8080")}}
+		if !slices.Equal(wm.elems, want) || wm.data(p.f) != "ip daddr . tcp dport" {
+			t.Errorf("map %s (%s): %v, want %v", m, wm.data(p.f), wm.elems, want)
 		}
 	}
-	views, err := p.Explain()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if diff := dataplane.Diff(dataplane.Expected(dataplane.State{Services: []dataplane.ServicePort{af, plain}}), views); len(diff) > 0 {
-		t.Errorf("explain:\n%s", strings.Join(diff, "\n"))
-	}
-	for _, v := range views {
+	st := dataplane.State{Services: []dataplane.ServicePort{af, plain}}
+	wantServed(t, "affinity and reject share", p, st)
+	for _, v := range tracedViews(t, newTracer(t, nft), st) {
 		if v.Service == "default/plain:http" && v.RejectShare != 50 {
 			t.Errorf("reject share %v, want 50: %s", v.RejectShare, v.Line())
 		}

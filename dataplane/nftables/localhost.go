@@ -31,11 +31,10 @@ func (p *Proxier) localhost(tx txn) {
 		tx.Delete(&knftables.Chain{Name: chainLocalnetInput})
 		return
 	}
-	const lo = "ip saddr 127.0.0.0/8 ip daddr 127.0.0.0/8 "
-	tx.Add(&knftables.Rule{Chain: chainServices, Rule: lo + "meta l4proto . th dport vmap @" + mapServiceNodePorts})
-	tx.Add(&knftables.Rule{Chain: chainFilterEndpoints, Rule: lo + "meta l4proto . th dport vmap @" + mapNoEndpointNodePorts})
+	lo := nftOnly("ip saddr 127.0.0.0/8 ip daddr 127.0.0.0/8")
+	tx.AddRule(chainServices, nil, r(lo, nftOnly("meta l4proto . th dport vmap @"+mapServiceNodePorts)))
+	tx.AddRule(chainFilterEndpoints, nil, r(lo, nftOnly("meta l4proto . th dport vmap @"+mapNoEndpointNodePorts)))
 	tx.Flush(&knftables.Chain{Name: chainLocalnetInput})
-	tx.Add(&knftables.Rule{Chain: chainLocalnetInput,
-		Rule:    "ip daddr 127.0.0.0/8 ip saddr != 127.0.0.0/8 ct state != { established, related } ct status & dnat == 0 drop",
-		Comment: knftables.PtrTo("block incoming localnet connections")})
+	tx.AddRule(chainLocalnetInput, knftables.PtrTo("block incoming localnet connections"),
+		r(nftOnly("ip daddr 127.0.0.0/8 ip saddr != 127.0.0.0/8 ct state != { established, related } ct status & dnat == 0"), vDrop))
 }

@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"context"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -63,6 +64,18 @@ func TestLocalhostNodePortRules(t *testing.T) {
 	if len(in) != 1 || !strings.HasPrefix(in[0], "ip daddr 127.0.0.0/8 ip saddr != 127.0.0.0/8 ") || !strings.HasSuffix(in[0], " drop") {
 		t.Errorf("localnet-input: %q, want the martian drop", in)
 	}
+	// Traced: the node reaches the node port on 127.0.0.1, masqueraded
+	// (the endpoint could not answer a loopback source); a packet from
+	// elsewhere to 127.0.0.1 is dropped (CVE-2020-8558).
+	lo1 := netip.MustParseAddr("127.0.0.1")
+	tr := newTracer(t, nft, "198.19.200.1")
+	ep := netip.MustParseAddrPort("198.19.1.2:8080")
+	if o := tr.trace(pkt{src: lo1, dst: lo1, proto: "tcp", port: 30080, fromNode: true}); o.endpoints[ep] != 100 || !o.masq[ep] {
+		t.Errorf("127.0.0.1:30080 from the node: %v, want %s masqueraded", o, ep)
+	}
+	if o := tr.trace(pkt{src: offCluster4, dst: lo1, proto: "tcp", port: 30080}); o.drop != 100 {
+		t.Errorf("127.0.0.1:30080 from elsewhere: %v, want dropped", o)
+	}
 	dump := nft.Dump()
 	if !strings.Contains(dump, "add chain ip steelyard "+chainLocalnetInput+" { type filter hook input priority 0 ; }") {
 		t.Errorf("localnet-input is not an input base chain:\n%s", dump)
@@ -88,6 +101,9 @@ func TestLocalhostNodePortRules(t *testing.T) {
 	}
 	if dump := nft.Dump(); strings.Contains(dump, "127.0.0.0/8") || strings.Contains(dump, chainLocalnetInput) {
 		t.Errorf("off: localhost rules left:\n%s", dump)
+	}
+	if o := newTracer(t, nft, "198.19.200.1").trace(pkt{src: lo1, dst: lo1, proto: "tcp", port: 30080, fromNode: true}); o.pass != 100 {
+		t.Errorf("off: 127.0.0.1:30080 from the node: %v, want not forwarded", o)
 	}
 }
 

@@ -4,15 +4,9 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
-	"regexp"
-	"slices"
-	"strconv"
-	"strings"
 
 	gnft "github.com/google/nftables"
-	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
-	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 
 	"github.com/steelyard-net/steelyard/dataplane"
@@ -25,53 +19,87 @@ import (
 // chain for every netlink message it fills (perf: nf_tables_dump_chains,
 // __nf_tables_dump_rules). A transaction sent over netlink needs no cache:
 // the kernel resolves chain and set names itself. So a transaction whose
-// every operation is one of the few shapes below (the operations of an
-// endpoint or weight change) goes to the kernel as one netlink batch,
-// which the kernel applies atomically like nft -f; anything else (new
-// maps and sets, base chains, the table) goes through nft. The encodings
-// are byte for byte what nft 1.0.6 writes for the same text (checked by
+// every operation has a netlink encoding (the operations of an endpoint
+// or weight change: chains, flushes, the typed rules and elements of the
+// model, model.go, whose statements encode themselves) goes to the kernel
+// as one netlink batch, which the kernel applies atomically like nft -f;
+// anything else (new maps and sets, base chains, the table, statements
+// only nft writes) goes through nft. Both writers work from the same typed
+// objects: nothing here reads rule text. The encodings are byte for byte
+// what nft 1.0.6 writes for the model's text (checked by
 // TestNetlinkMatchesNft against the kernel's bytecode, "nft
 // --debug=netlink list table"), so the packet path, "nft list" and explain
 // are the same whichever path wrote it.
 
 // op is one operation of a sync, kept so the transaction can be sent either
-// as nft text or over netlink.
+// as nft text or over netlink: a knftables object (the table, chains,
+// sets and maps, the elements of the node's sets), or a typed rule or
+// element of the model (model.go), which each writer spells itself.
 type op struct {
 	verb byte // 'a'dd, 'f'lush, 'd'elete
-	obj  knftables.Object
+	// obj is a knftables.Object, a *ruleOp or a setElem: one field, since
+	// a first sync of 10,000 Services queues 200,000 operations.
+	obj any
 }
 
-// ops is a transaction being built; it satisfies txn.
+// ruleOp is a rule added to a chain.
+type ruleOp struct {
+	chain   string
+	r       rule
+	comment *string
+}
+
+// ops is a transaction being built.
 type ops struct{ list []op }
 
-// txn is what the sync writes into: a knftables.Transaction or ops.
+// txn is what the sync writes into.
 type txn interface {
 	Add(knftables.Object)
 	Flush(knftables.Object)
 	Delete(knftables.Object)
+	// AddRule appends a rule to chain.
+	AddRule(chain string, comment *string, r rule)
+	// AddElem and DeleteElem add and delete a typed element.
+	AddElem(setElem)
+	DeleteElem(setElem)
 	NumOperations() int
 }
 
-var (
-	_ txn = (*ops)(nil)
-	_ txn = (*knftables.Transaction)(nil)
-)
+var _ txn = (*ops)(nil)
 
 func (t *ops) Add(o knftables.Object)    { t.list = append(t.list, op{'a', o}) }
 func (t *ops) Flush(o knftables.Object)  { t.list = append(t.list, op{'f', o}) }
 func (t *ops) Delete(o knftables.Object) { t.list = append(t.list, op{'d', o}) }
-func (t *ops) NumOperations() int        { return len(t.list) }
+func (t *ops) AddRule(chain string, comment *string, r rule) {
+	t.list = append(t.list, op{'a', &ruleOp{chain, r, comment}})
+}
+func (t *ops) AddElem(e setElem)    { t.list = append(t.list, op{'a', e}) }
+func (t *ops) DeleteElem(e setElem) { t.list = append(t.list, op{'d', e}) }
+func (t *ops) NumOperations() int   { return len(t.list) }
+
+// object is the knftables object of o, rules and elements spelled for
+// family f.
+func (o op) object(f fam) knftables.Object {
+	switch x := o.obj.(type) {
+	case *ruleOp:
+		return &knftables.Rule{Chain: x.chain, Rule: x.r.text(f), Comment: x.comment}
+	case setElem:
+		return x.knft(f, o.verb == 'a')
+	}
+	return o.obj.(knftables.Object)
+}
 
 // into replays the operations into a knftables transaction.
-func (t *ops) into(tx *knftables.Transaction) {
+func (t *ops) into(tx *knftables.Transaction, f fam) {
 	for _, o := range t.list {
+		obj := o.object(f)
 		switch o.verb {
 		case 'a':
-			tx.Add(o.obj)
+			tx.Add(obj)
 		case 'f':
-			tx.Flush(o.obj)
+			tx.Flush(obj)
 		default:
-			tx.Delete(o.obj)
+			tx.Delete(obj)
 		}
 	}
 }
@@ -88,6 +116,7 @@ const maxNetlinkOps = 500
 // netlinkWriter sends transactions of the supported shapes over netlink.
 type netlinkWriter struct {
 	family int
+	f      fam
 	table  *gnft.Table
 }
 
@@ -96,7 +125,7 @@ func newNetlinkWriter(family int) *netlinkWriter {
 	if family == 6 {
 		fam = gnft.TableFamilyIPv6
 	}
-	return &netlinkWriter{family: family, table: &gnft.Table{Name: TableName, Family: fam}}
+	return &netlinkWriter{family: family, f: famOf(family), table: &gnft.Table{Name: TableName, Family: fam}}
 }
 
 // errUnsupported: the transaction has an operation this writer does not
@@ -125,6 +154,25 @@ func (w *netlinkWriter) build(t *ops) (*gnft.Conn, error) {
 
 func (w *netlinkWriter) queue(c *gnft.Conn, o op) error {
 	switch x := o.obj.(type) {
+	case *ruleOp:
+		if o.verb != 'a' {
+			return errUnsupported{"rule operation"}
+		}
+		exprs, err := x.r.encode(w.f)
+		if err != nil {
+			return err
+		}
+		r := &gnft.Rule{Table: w.table, Chain: &gnft.Chain{Name: x.chain, Table: w.table}, Exprs: exprs}
+		if x.comment != nil {
+			if err := commentFits(*x.comment); err != nil {
+				return err
+			}
+			r.UserData = userdata.AppendString(nil, userdata.TypeComment, *x.comment)
+		}
+		c.AddRule(r)
+		return nil
+	case setElem:
+		return w.element(c, o.verb, x)
 	case *knftables.Chain:
 		if x.Type != nil || x.Hook != nil || x.Priority != nil || x.Comment != nil || x.Handle != nil {
 			return errUnsupported{"base chain " + x.Name}
@@ -143,25 +191,6 @@ func (w *netlinkWriter) queue(c *gnft.Conn, o op) error {
 		return w.set(c, o.verb, x.Name)
 	case *knftables.Set:
 		return w.set(c, o.verb, x.Name)
-	case *knftables.Rule:
-		if o.verb != 'a' || x.Handle != nil || x.Index != nil {
-			return errUnsupported{"rule operation"}
-		}
-		exprs, err := w.rule(x.Rule)
-		if err != nil {
-			return err
-		}
-		r := &gnft.Rule{Table: w.table, Chain: &gnft.Chain{Name: x.Chain, Table: w.table}, Exprs: exprs}
-		if x.Comment != nil {
-			if err := commentFits(*x.Comment); err != nil {
-				return err
-			}
-			r.UserData = userdata.AppendString(nil, userdata.TypeComment, *x.Comment)
-		}
-		c.AddRule(r)
-		return nil
-	case *knftables.Element:
-		return w.element(c, o.verb, x)
 	}
 	return errUnsupported{fmt.Sprintf("%T", o.obj)}
 }
@@ -179,267 +208,22 @@ func (w *netlinkWriter) set(c *gnft.Conn, verb byte, name string) error {
 	return nil
 }
 
-// The rule shapes written over netlink (everything else goes through nft).
-var (
-	reSaddrJump  = regexp.MustCompile(`^(ip6?) saddr (\S+) (jump|goto) (\S+)$`)
-	reNLDNAT     = regexp.MustCompile(`^meta l4proto (tcp|udp|sctp) dnat to (\S+)$`)
-	reVIPMasq    = regexp.MustCompile(`^(ip6?) daddr (\S+) (tcp|udp|sctp) dport (\d+)( (ip6?) saddr != @(\S+))? jump (\S+)$`)
-	reNumgenVmap = regexp.MustCompile(`^numgen random mod (\d+) \. meta l4proto vmap @(\S+)$`)
-	reNumgenDNAT = regexp.MustCompile(`^meta l4proto (tcp|udp|sctp) dnat (ip6?) to numgen random mod (\d+) \. meta l4proto map @(\S+)$`)
-	reVerdict    = regexp.MustCompile(`^(jump|goto) (\S+)$`)
-)
-
-var protoNumbers = map[string]byte{"tcp": unix.IPPROTO_TCP, "udp": unix.IPPROTO_UDP, "sctp": unix.IPPROTO_SCTP}
-
-func verdict(kind, chain string) *expr.Verdict {
-	k := expr.VerdictJump
-	if kind == "goto" {
-		k = expr.VerdictGoto
-	}
-	return &expr.Verdict{Kind: k, Chain: chain}
-}
-
-// addrOffset is where the source or destination address sits in the IP
-// header of w's family, and its length.
-func (w *netlinkWriter) addrOffset(dst bool) (uint32, uint32) {
-	if w.family == 6 {
-		if dst {
-			return 24, 16
-		}
-		return 8, 16
-	}
-	if dst {
-		return 16, 4
-	}
-	return 12, 4
-}
-
-func (w *netlinkWriter) addr(s string) ([]byte, error) {
-	a, err := netip.ParseAddr(s)
-	if err != nil || a.Is4() != (w.family == 4) {
-		return nil, errUnsupported{"address " + s}
-	}
-	return a.AsSlice(), nil
-}
-
-func (w *netlinkWriter) loadAddr(dst bool) *expr.Payload {
-	off, n := w.addrOffset(dst)
-	return &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n}
-}
-
-func l4proto(reg uint32) *expr.Meta { return &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg} }
-
-// rule encodes one rule of the supported shapes as nft 1.0.6 does.
-func (w *netlinkWriter) rule(text string) ([]expr.Any, error) {
-	ip := famOf(w.family).ip
-	if m := reSaddrJump.FindStringSubmatch(text); m != nil && m[1] == ip {
-		a, err := w.addr(m[2])
-		if err != nil {
-			return nil, err
-		}
-		return []expr.Any{w.loadAddr(false), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: a}, verdict(m[3], m[4])}, nil
-	}
-	if m := reNLDNAT.FindStringSubmatch(text); m != nil {
-		ap, err := netip.ParseAddrPort(m[2])
-		if err != nil || ap.Addr().Is4() != (w.family == 4) {
-			return nil, errUnsupported{"dnat target " + m[2]}
-		}
-		nat := &expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(unix.NFPROTO_IPV4), RegAddrMin: 1, RegAddrMax: 1, RegProtoMin: 2, RegProtoMax: 2, Specified: true}
-		if w.family == 6 {
-			nat.Family = unix.NFPROTO_IPV6
-		}
-		return []expr.Any{
-			l4proto(1), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{protoNumbers[m[1]]}},
-			&expr.Immediate{Register: 1, Data: ap.Addr().AsSlice()},
-			&expr.Immediate{Register: 2, Data: binary.BigEndian.AppendUint16(nil, ap.Port())},
-			nat,
-		}, nil
-	}
-	if m := reVIPMasq.FindStringSubmatch(text); m != nil && m[1] == ip && (m[6] == "" || m[6] == ip) {
-		a, err := w.addr(m[2])
-		if err != nil {
-			return nil, err
-		}
-		port, err := strconv.ParseUint(m[4], 10, 16)
-		if err != nil {
-			return nil, errUnsupported{"port " + m[4]}
-		}
-		out := []expr.Any{
-			w.loadAddr(true), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: a},
-			l4proto(1), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{protoNumbers[m[3]]}},
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, uint16(port))},
-		}
-		if m[7] != "" {
-			out = append(out, w.loadAddr(false), &expr.Lookup{SourceRegister: 1, SetName: m[7], Invert: true})
-		}
-		return append(out, verdict("jump", m[8])), nil
-	}
-	if m := reNumgenVmap.FindStringSubmatch(text); m != nil {
-		mod, err := strconv.ParseUint(m[1], 10, 32)
-		if err != nil {
-			return nil, errUnsupported{"modulus " + m[1]}
-		}
-		// nft turns both fields to network order for the interval map
-		// (its keys are stored big endian), the second in the next 32-bit
-		// register (NFT_REG32_01 = 9); without the byteorder steps the
-		// lookup misses (listings do not show them: "nft --debug=netlink"
-		// does, and TestNetlinkMatchesNft compares that).
-		return []expr.Any{
-			&expr.Numgen{Register: 1, Modulus: uint32(mod), Type: unix.NFT_NG_RANDOM},
-			&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Size: 4, Len: 4},
-			l4proto(9),
-			&expr.Byteorder{SourceRegister: 9, DestRegister: 9, Op: expr.ByteorderHton, Size: 2, Len: 1},
-			&expr.Lookup{SourceRegister: 1, SetName: m[2], IsDestRegSet: true, DestRegister: 0},
-		}, nil
-	}
-	if m := reNumgenDNAT.FindStringSubmatch(text); m != nil && m[2] == ip {
-		mod, err := strconv.ParseUint(m[3], 10, 32)
-		if err != nil {
-			return nil, errUnsupported{"modulus " + m[3]}
-		}
-		// The key as for the verdict map; the map's value (address .
-		// port) lands in register 1 and after it: the port in
-		// NFT_REG32_01 (9) after an IPv4 address, in the second 128-bit
-		// register (2) after an IPv6 one, as nft --debug=netlink shows.
-		nat := &expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegAddrMax: 1, RegProtoMin: 9, RegProtoMax: 9, Specified: true}
-		if w.family == 6 {
-			nat.Family, nat.RegProtoMin, nat.RegProtoMax = unix.NFPROTO_IPV6, 2, 2
-		}
-		return []expr.Any{
-			l4proto(1), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{protoNumbers[m[1]]}},
-			&expr.Numgen{Register: 1, Modulus: uint32(mod), Type: unix.NFT_NG_RANDOM},
-			&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Size: 4, Len: 4},
-			l4proto(9),
-			&expr.Byteorder{SourceRegister: 9, DestRegister: 9, Op: expr.ByteorderHton, Size: 2, Len: 1},
-			&expr.Lookup{SourceRegister: 1, SetName: m[4], IsDestRegSet: true, DestRegister: 1},
-			nat,
-		}, nil
-	}
-	if m := reVerdict.FindStringSubmatch(text); m != nil {
-		return []expr.Any{verdict(m[1], m[2])}, nil
-	}
-	return nil, errUnsupported{"rule " + text}
-}
-
-// pad4 pads a concatenation field to its 32-bit register.
-func pad4(b []byte) []byte {
-	for len(b)%4 != 0 {
-		b = append(b, 0)
-	}
-	return b
-}
-
-// element encodes an element of the weight maps and the shared maps.
-func (w *netlinkWriter) element(c *gnft.Conn, verb byte, e *knftables.Element) error {
-	name := e.Map
-	if name == "" {
-		name = e.Set
-	}
-	var el gnft.SetElement
-	dnat := strings.HasPrefix(name, dnatPrefix+"c-") || strings.HasPrefix(name, dnatPrefix+"l-") || countedMap(name)
-	switch {
-	case dnat || strings.HasPrefix(name, wPrefix+"c-") || strings.HasPrefix(name, wPrefix+"l-"):
-		// "lo-hi . proto": numgen's value big endian, as nft stores it.
-		if len(e.Key) != 2 {
-			return errUnsupported{"weight map key"}
-		}
-		lo, hi, ok := strings.Cut(e.Key[0], "-")
-		if !ok {
-			hi = lo
-		}
-		l, err1 := strconv.ParseUint(lo, 10, 32)
-		h, err2 := strconv.ParseUint(hi, 10, 32)
-		p, ok := protoNumbers[e.Key[1]]
-		if err1 != nil || err2 != nil || !ok {
-			return errUnsupported{"weight map key " + strings.Join(e.Key, " . ")}
-		}
-		el.Key = pad4(append(binary.BigEndian.AppendUint32(nil, uint32(l)), p))
-		el.KeyEnd = pad4(append(binary.BigEndian.AppendUint32(nil, uint32(h)), p))
-	case name == mapServiceIPs || name == mapNoEndpointServices:
-		if len(e.Key) != 3 {
-			return errUnsupported{"service map key"}
-		}
-		a, err := w.addr(e.Key[0])
-		p, ok := protoNumbers[e.Key[1]]
-		port, err2 := strconv.ParseUint(e.Key[2], 10, 16)
-		if err != nil || !ok || err2 != nil {
-			return errUnsupported{"service map key " + strings.Join(e.Key, " . ")}
-		}
-		el.Key = append(append(a, pad4([]byte{p})...), pad4(binary.BigEndian.AppendUint16(nil, uint16(port)))...)
-	case name == mapServiceNodePorts || name == mapNoEndpointNodePorts:
-		if len(e.Key) != 2 {
-			return errUnsupported{"node port map key"}
-		}
-		p, ok := protoNumbers[e.Key[0]]
-		port, err := strconv.ParseUint(e.Key[1], 10, 16)
-		if !ok || err != nil {
-			return errUnsupported{"node port map key " + strings.Join(e.Key, " . ")}
-		}
-		el.Key = append(pad4([]byte{p}), pad4(binary.BigEndian.AppendUint16(nil, uint16(port)))...)
-	case name == setHairpin:
-		// "address . proto . port . address", each field in its register.
-		if len(e.Key) != 4 || e.Key[0] != e.Key[3] {
-			return errUnsupported{"hairpin key"}
-		}
-		a, err := w.addr(e.Key[0])
-		p, ok := protoNumbers[e.Key[1]]
-		port, err2 := strconv.ParseUint(e.Key[2], 10, 16)
-		if err != nil || !ok || err2 != nil {
-			return errUnsupported{"hairpin key " + strings.Join(e.Key, " . ")}
-		}
-		el.Key = append(append(append(slices.Clone(a), pad4([]byte{p})...), pad4(binary.BigEndian.AppendUint16(nil, uint16(port)))...), a...)
-	default:
-		return errUnsupported{"elements of " + name}
-	}
-	isMap := e.Map != ""
-	if isMap && dnat {
-		// "address . port": the address, then the port in its register.
-		if verb == 'a' {
-			f := strings.Split(strings.Join(e.Value, " . "), " . ")
-			if len(f) != 2 {
-				return errUnsupported{"DNAT map value " + strings.Join(e.Value, " . ")}
-			}
-			a, err := w.addr(strings.TrimSpace(f[0]))
-			port, err2 := strconv.ParseUint(strings.TrimSpace(f[1]), 10, 16)
-			if err != nil || err2 != nil {
-				return errUnsupported{"DNAT map value " + strings.Join(e.Value, " . ")}
-			}
-			el.Val = append(a, pad4(binary.BigEndian.AppendUint16(nil, uint16(port)))...)
-		}
-	} else if isMap {
-		v := strings.Join(e.Value, " ")
-		switch {
-		case v == "drop":
-			el.VerdictData = &expr.Verdict{Kind: expr.VerdictDrop}
-		case reVerdict.MatchString(v):
-			m := reVerdict.FindStringSubmatch(v)
-			el.VerdictData = verdict(m[1], m[2])
-		case verb == 'd' && v == "":
-			// a delete names the key only
-		default:
-			return errUnsupported{"map value " + v}
-		}
-	}
-	if e.Comment != nil {
-		if err := commentFits(*e.Comment); err != nil {
-			return err
-		}
-		el.Comment = *e.Comment
+// element queues one typed element.
+func (w *netlinkWriter) element(c *gnft.Conn, verb byte, e setElem) error {
+	name, isMap := e.set()
+	el, err := e.netlink(w.f, verb == 'a')
+	if err != nil {
+		return err
 	}
 	s := &gnft.Set{Table: w.table, Name: name, IsMap: isMap}
-	if verb == 'a' {
+	switch verb {
+	case 'a':
 		return c.SetAddElements(s, []gnft.SetElement{el})
-	}
-	if verb == 'd' {
-		el.VerdictData, el.Val, el.Comment = nil, nil, ""
+	case 'd':
 		return c.SetDeleteElements(s, []gnft.SetElement{el})
 	}
 	return errUnsupported{"element flush"}
 }
-
-// protoNames are the names nft prints for protoNumbers.
-var protoNames = map[byte]string{unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp", unix.IPPROTO_SCTP: "sctp"}
 
 // dump reads one set's elements over netlink (nil when the set is not
 // there) and gives the family's address length.
@@ -462,9 +246,9 @@ func (w *netlinkWriter) dump(name string) ([]gnft.SetElement, int, error) {
 	return es, alen, nil
 }
 
-// elements reads a shared map's elements over netlink, spelled as nft
-// lists them. "nft -j list map" of service-ips cost minutes at 30,000
-// Services (nft fills its whole cache first); this is one dump of the map.
+// elements reads a shared map's elements over netlink. "nft -j list map"
+// of service-ips cost minutes at 30,000 Services (nft fills its whole
+// cache first); this is one dump of the map.
 func (w *netlinkWriter) elements(name string) ([]elem, error) {
 	es, alen, err := w.dump(name)
 	if err != nil || es == nil {
@@ -472,29 +256,15 @@ func (w *netlinkWriter) elements(name string) ([]elem, error) {
 	}
 	out := make([]elem, 0, len(es))
 	for _, e := range es {
-		k := e.Key
-		x := elem{m: name}
-		if name == mapServiceIPs || name == mapNoEndpointServices {
-			if len(k) != alen+8 {
-				return nil, fmt.Errorf("map %s: key of %d bytes", name, len(k))
-			}
-			a, _ := netip.AddrFromSlice(k[:alen])
-			x.key = append(x.key, a.String())
-			k = k[alen:]
+		key, err := decodeSvcKey(name, e.Key, alen)
+		if err != nil {
+			return nil, err
 		}
-		if len(k) != 8 {
-			return nil, fmt.Errorf("map %s: key of %d bytes", name, len(e.Key))
-		}
-		proto, ok := protoNames[k[0]]
-		if !ok {
-			proto = strconv.Itoa(int(k[0]))
-		}
-		x.key = append(x.key, proto, strconv.Itoa(int(binary.BigEndian.Uint16(k[4:6]))))
-		x.value, err = verdictText(e.Val)
+		to, err := decodeVerdict(e.Val)
 		if err != nil {
 			return nil, fmt.Errorf("map %s: %w", name, err)
 		}
-		out = append(out, x)
+		out = append(out, elem{m: name, key: key, to: to})
 	}
 	return out, nil
 }
@@ -518,44 +288,6 @@ func (w *netlinkWriter) hairpinElements() ([]hairpinKey, error) {
 		out = append(out, newHairpinKey(a, k[alen], binary.BigEndian.Uint16(k[alen+4:])))
 	}
 	return out, nil
-}
-
-// verdictText spells the verdict data of a map element as nft does.
-func verdictText(b []byte) (string, error) {
-	// Netlink attributes: length and type (host order, 16 bits each),
-	// then the data, padded to 4 bytes.
-	var code int32
-	var chain string
-	for len(b) >= 4 {
-		n := int(binary.NativeEndian.Uint16(b))
-		typ := binary.NativeEndian.Uint16(b[2:]) &^ (unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER)
-		if n < 4 || n > len(b) {
-			return "", fmt.Errorf("bad verdict attribute")
-		}
-		data := b[4:n]
-		switch typ {
-		case unix.NFTA_VERDICT_CODE:
-			if len(data) == 4 {
-				code = int32(binary.BigEndian.Uint32(data))
-			}
-		case unix.NFTA_VERDICT_CHAIN:
-			chain = strings.TrimRight(string(data), "\x00")
-		}
-		b = b[min((n+3)&^3, len(b)):]
-	}
-	switch code {
-	case int32(expr.VerdictGoto):
-		return "goto " + chain, nil
-	case int32(expr.VerdictJump):
-		return "jump " + chain, nil
-	case int32(expr.VerdictDrop):
-		return "drop", nil
-	case int32(expr.VerdictAccept):
-		return "accept", nil
-	case int32(expr.VerdictReturn):
-		return "return", nil
-	}
-	return fmt.Sprintf("verdict %d", code), nil
 }
 
 // commentFits refuses what nft would refuse: the kernel takes comments up

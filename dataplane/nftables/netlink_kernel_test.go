@@ -317,7 +317,7 @@ func splitRulesOverNetlink(t *testing.T, p *Proxier, list func() string) {
 			}
 			tx.Flush(&knftables.Chain{Name: c})
 			for _, r := range o.chains[c] {
-				tx.Add(&knftables.Rule{Chain: c, Rule: r, Comment: knftables.PtrTo(commentOf(name, ""))})
+				tx.AddRule(c, knftables.PtrTo(commentOf(name, "")), r)
 			}
 			n++
 		}

@@ -1,10 +1,13 @@
 package nftables
 
 import (
+	"net/netip"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
+
+	"sigs.k8s.io/knftables"
 )
 
 // canonical sorts the blocks of an "nft list table" listing and the
@@ -143,23 +146,46 @@ func canonicalDebug(text string) string {
 	return strings.Join(records, "\n") + "\n" + canonical(listing)
 }
 
-func TestCoalesceElements(t *testing.T) {
-	in := "add element ip steelyard dc-a { 0-9 . tcp : 198.19.1.2 . 8080 }\n" +
-		"add element ip steelyard dc-a { 10-99 . tcp : 198.19.1.3 . 8080 }\n" +
-		"add element ip steelyard hairpin { 198.19.1.2 . tcp . 8080 . 198.19.1.2 }\n" +
-		"flush map ip steelyard dc-b\n" +
-		"add element ip steelyard dc-b { 0-99 . tcp : 198.19.1.4 . 8080 }\n" +
-		"add element ip steelyard service-ips { 198.18.0.10 . tcp . 80 comment \"default/a:http\" : goto svc-x }\n" +
-		"add element ip steelyard service-ips { 198.18.0.11 . tcp . 80 comment \"default/b:http\" : goto svc-y }\n" +
-		"add element ip steelyard dc-b { 100-199 . tcp : 198.19.1.5 . 8080 }\n"
+// TestScriptGroupsElements: the nft input of a transaction writes
+// consecutive plain additions to one set as one command, and everything
+// else (flushes, elements with comments, deletions) as knftables spells it,
+// in order.
+func TestScriptGroupsElements(t *testing.T) {
+	f := famOf(4)
+	tcp := protoNumbers["tcp"]
+	ap := netip.MustParseAddrPort
+	t0 := &ops{}
+	t0.AddElem(mapElem{"dc-a", tcp, &wmElem{lo: 0, hi: 9, dnat: ap("198.19.1.2:8080")}})
+	t0.AddElem(mapElem{"dc-a", tcp, &wmElem{lo: 10, hi: 99, dnat: ap("198.19.1.3:8080")}})
+	t0.AddElem(newHairpinKey(netip.MustParseAddr("198.19.1.2"), tcp, 8080))
+	t0.Flush(&knftables.Map{Name: "dc-b"})
+	t0.AddElem(mapElem{"dc-b", tcp, &wmElem{lo: 0, hi: 99, dnat: ap("198.19.1.4:8080")}})
+	vip := func(a string) svcKey { return svcKey{netip.MustParseAddr(a), tcp, 80} }
+	t0.AddElem(sharedElem{elem{mapServiceIPs, vip("198.18.0.10"), goTo("svc-x"), ""}, knftables.PtrTo("default/a:http")})
+	t0.AddElem(sharedElem{elem{mapServiceIPs, vip("198.18.0.11"), goTo("svc-y"), ""}, knftables.PtrTo("default/b:http")})
+	t0.AddElem(mapElem{"wc-b", tcp, &wmElem{lo: 100, hi: 199, to: goTo("ep-a")}})
+	t0.DeleteElem(mapElem{"wc-b", tcp, &wmElem{lo: 0, hi: 99, to: goTo("ep-a")}})
+	t0.AddRule("svc-x", nil, r(l4proto(tcp), numgenDNAT{100, "dc-a"}))
 	want := "add element ip steelyard dc-a { 0-9 . tcp : 198.19.1.2 . 8080, 10-99 . tcp : 198.19.1.3 . 8080 }\n" +
 		"add element ip steelyard hairpin { 198.19.1.2 . tcp . 8080 . 198.19.1.2 }\n" +
 		"flush map ip steelyard dc-b\n" +
 		"add element ip steelyard dc-b { 0-99 . tcp : 198.19.1.4 . 8080 }\n" +
 		"add element ip steelyard service-ips { 198.18.0.10 . tcp . 80 comment \"default/a:http\" : goto svc-x }\n" +
 		"add element ip steelyard service-ips { 198.18.0.11 . tcp . 80 comment \"default/b:http\" : goto svc-y }\n" +
-		"add element ip steelyard dc-b { 100-199 . tcp : 198.19.1.5 . 8080 }\n"
-	if got := coalesceElements(in); got != want {
+		"add element ip steelyard wc-b { 100-199 . tcp : goto ep-a }\n" +
+		"delete element ip steelyard wc-b { 0-99 . tcp }\n" +
+		"add rule ip steelyard svc-x meta l4proto tcp dnat ip to numgen random mod 100 . meta l4proto map @dc-a\n"
+	fake := knftables.NewFake(f.nfFamily, TableName)
+	got, err := t0.script(fake.NewTransaction, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+	// An operation knftables refuses fails the whole script.
+	t0.Add(&knftables.Chain{})
+	if _, err := t0.script(fake.NewTransaction, f); err == nil {
+		t.Error("a chain without a name was written")
 	}
 }

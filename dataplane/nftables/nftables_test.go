@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -58,7 +59,69 @@ func newTest(t testing.TB, family int) (*Proxier, knftables.Interface) {
 	return NewProxier(nft, cfg), nft
 }
 
+// sharesOf is what the tracer finds at every clusterIP of p's table (the
+// Service ports named by the comments of service-ips and
+// no-endpoint-services) for a client off the cluster: the endpoints'
+// shares, and "reject": 1 for a refused port. Against the real nft
+// (STEELYARD_NFT_REAL=1, no Fake to trace) it asks Explain.
 func sharesOf(t *testing.T, p *Proxier) map[string]map[string]float64 {
+	t.Helper()
+	fake := fakeOf(p.nft)
+	if fake == nil {
+		return explainedShares(t, p)
+	}
+	tr := newTracer(t, fake)
+	src := offCluster4
+	if p.cfg.Family == 6 {
+		src = offCluster6
+	}
+	out := map[string]map[string]float64{}
+	for _, m := range []string{mapServiceIPs, mapNoEndpointServices} {
+		fm := fake.Table.Maps[m]
+		if fm == nil {
+			continue
+		}
+		for _, e := range fm.Elements {
+			if e.Comment == nil || strings.HasSuffix(*e.Comment, kindExternalIP) || strings.HasSuffix(*e.Comment, kindLoadBalancer) {
+				continue // the clusterIPs only
+			}
+			k := fieldsOf(e.Key)
+			port, err := strconv.ParseUint(k[2], 10, 16)
+			if err != nil {
+				t.Fatalf("key %q", e.Key)
+			}
+			o := tr.trace(pkt{src: src, dst: netip.MustParseAddr(k[0]), proto: k[1], port: uint16(port)})
+			if o.pass > 0 || o.drop > 0 {
+				t.Errorf("%s: %v", *e.Comment, o)
+			}
+			shares := map[string]float64{}
+			for ap, share := range o.endpoints {
+				shares[ap.String()] = dataplane.RoundShare(share)
+			}
+			if len(shares) == 0 && o.reject > 99.9999 {
+				shares["reject"] = 1
+			}
+			out[*e.Comment] = shares
+		}
+	}
+	return out
+}
+
+// fakeOf is the knftables Fake behind nft, or nil.
+func fakeOf(nft knftables.Interface) *knftables.Fake {
+	for {
+		switch x := nft.(type) {
+		case *knftables.Fake:
+			return x
+		case *spyNFT:
+			nft = x.Interface
+		default:
+			return nil
+		}
+	}
+}
+
+func explainedShares(t *testing.T, p *Proxier) map[string]map[string]float64 {
 	t.Helper()
 	views, err := p.Explain()
 	if err != nil {
@@ -108,10 +171,12 @@ func TestExplainSharesEqualWeights(t *testing.T) {
 					t.Errorf("%s: share %v, want %v", b.Addr(), got[b.Addr().String()], want)
 				}
 			}
-			// verify's comparison agrees too.
+			// Explain reads the same shares.
+			st := dataplane.State{Services: []dataplane.ServicePort{sp}}
+			wantServed(t, name, p, st)
 			live, _ := p.Explain()
-			if diff := dataplane.Diff(dataplane.Expected(dataplane.State{Services: []dataplane.ServicePort{sp}}), live); len(diff) > 0 {
-				t.Errorf("diff:\n%s", strings.Join(diff, "\n"))
+			if diff := dataplane.Diff(dataplane.Expected(st), live); len(diff) > 0 {
+				t.Errorf("explain:\n%s", strings.Join(diff, "\n"))
 			}
 		})
 	}
@@ -296,13 +361,7 @@ func TestPartialSyncAfterFlushGoesFull(t *testing.T) {
 	if err != nil || !res.Full {
 		t.Fatalf("after a flush: result %+v, %v; want full", res, err)
 	}
-	live, err := p.Explain()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if diff := dataplane.Diff(dataplane.Expected(st), live); len(diff) > 0 {
-		t.Errorf("not repaired:\n%s", strings.Join(diff, "\n"))
-	}
+	wantServed(t, "not repaired", p, st)
 }
 
 // Explain reads the fixed masquerading chains too: flushed, every

@@ -81,12 +81,19 @@ func TestParityEveryEntryPoint(t *testing.T) {
 			if _, err := p.Sync(s, dataplane.FullSync); err != nil {
 				t.Fatal(err)
 			}
+			tr := newTracer(t, p.nft, "198.19.200.1")
+			traced := tracedViews(t, tr, s)
+			if diff := dataplane.Diff(dataplane.Expected(s), traced); len(diff) > 0 {
+				t.Errorf("the tracer disagrees with the desired state:\n%s", strings.Join(diff, "\n"))
+			}
+			wantMasquerade(t, tr, s)
+			// Explain reads the same table: it must say what the tracer found.
 			live, err := p.Explain()
 			if err != nil {
 				t.Fatal(err)
 			}
-			if diff := dataplane.Diff(dataplane.Expected(s), live); len(diff) > 0 {
-				t.Errorf("explain disagrees with the desired state:\n%s", strings.Join(diff, "\n"))
+			if diff := dataplane.Diff(traced, live); len(diff) > 0 {
+				t.Errorf("explain disagrees with the tracer:\n%s", strings.Join(diff, "\n"))
 			}
 			// A partial sync with nothing changed writes nothing.
 			var ops string
@@ -156,10 +163,7 @@ func TestFullResyncRepairsHandEdits(t *testing.T) {
 	if _, err := p.Sync(s, dataplane.FullSync); err != nil {
 		t.Fatal(err)
 	}
-	live, _ := p.Explain()
-	if diff := dataplane.Diff(dataplane.Expected(s), live); len(diff) > 0 {
-		t.Errorf("after the full resync:\n%s", strings.Join(diff, "\n"))
-	}
+	wantServed(t, "after the full resync", p, s)
 }
 
 // TestFirstSyncInBatches: a first sync of 5 Service ports with BatchPorts
@@ -189,13 +193,7 @@ func TestFirstSyncInBatches(t *testing.T) {
 	if len(perTx) != 3 || perTx[0] > 2 || perTx[1] > 2 || perTx[2] > 2 {
 		t.Errorf("Service ports per transaction %v, want 3 transactions of at most 2", perTx)
 	}
-	live, err := p.Explain()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if diff := dataplane.Diff(dataplane.Expected(s), live); len(diff) > 0 {
-		t.Errorf("after a batched first sync:\n%s", strings.Join(diff, "\n"))
-	}
+	wantServed(t, "after a batched first sync", p, s)
 }
 
 // TestLaterSyncsAreOneTransaction: once the table holds Service ports, a

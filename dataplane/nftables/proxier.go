@@ -56,6 +56,7 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 
 	"github.com/steelyard-net/steelyard/dataplane"
@@ -143,13 +144,22 @@ type fam struct {
 	nfFamily knftables.Family
 	ip       string // "ip" or "ip6" (address match prefix)
 	addrType string // "ipv4_addr" or "ipv6_addr"
+	v6       bool
+}
+
+// nfproto is the family's NFPROTO_ number (the NAT expression's family).
+func (f fam) nfproto() uint32 {
+	if f.v6 {
+		return unix.NFPROTO_IPV6
+	}
+	return unix.NFPROTO_IPV4
 }
 
 func famOf(family int) fam {
 	if family == 6 {
-		return fam{knftables.IPv6Family, "ip6", "ipv6_addr"}
+		return fam{knftables.IPv6Family, "ip6", "ipv6_addr", true}
 	}
-	return fam{knftables.IPv4Family, "ip", "ipv4_addr"}
+	return fam{knftables.IPv4Family, "ip", "ipv4_addr", false}
 }
 
 // Proxier programs one family's table.

@@ -24,14 +24,15 @@ type record struct {
 	bySvc map[dataplane.ServiceName][]dataplane.ServicePortName
 	// owner says which Service port owns each shared map element, so two
 	// Service ports sharing a VIP cannot overwrite each other.
-	owner   map[string]dataplane.ServicePortName
+	owner   map[elemID]dataplane.ServicePortName
 	journal []undoEntry
 }
 
 // undoEntry is the value one key had before a change: the owner of the
-// shared element id, or (id "") the objects of port n.
+// shared element id, or (elem false) the objects of port n.
 type undoEntry struct {
-	id    string
+	elem  bool
+	id    elemID
 	n     dataplane.ServicePortName // the owner, or the port
 	sp    *dataplane.ServicePort
 	bySvc []dataplane.ServicePortName
@@ -42,7 +43,7 @@ func newRecord() *record {
 	return &record{
 		ports: map[dataplane.ServicePortName]*dataplane.ServicePort{},
 		bySvc: map[dataplane.ServiceName][]dataplane.ServicePortName{},
-		owner: map[string]dataplane.ServicePortName{},
+		owner: map[elemID]dataplane.ServicePortName{},
 	}
 }
 
@@ -84,7 +85,7 @@ func (r *record) touchOwners(es []elem) {
 	for _, e := range es {
 		id := e.id()
 		prev, had := r.owner[id]
-		r.journal = append(r.journal, undoEntry{id: id, n: prev, had: had})
+		r.journal = append(r.journal, undoEntry{elem: true, id: id, n: prev, had: had})
 	}
 }
 
@@ -96,7 +97,7 @@ func (r *record) keep() { r.journal = r.journal[:0] }
 func (r *record) undo() {
 	for i := len(r.journal) - 1; i >= 0; i-- {
 		e := r.journal[i]
-		if e.id != "" {
+		if e.elem {
 			if e.had {
 				r.owner[e.id] = e.n
 			} else {

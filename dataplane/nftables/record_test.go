@@ -3,7 +3,6 @@ package nftables
 import (
 	"context"
 	"errors"
-	"strings"
 	"testing"
 
 	"sigs.k8s.io/knftables"
@@ -29,16 +28,10 @@ func (f *failingNFT) Run(ctx context.Context, tx *knftables.Transaction) error {
 	return f.Interface.Run(ctx, tx)
 }
 
-// checkKernel compares what explain reads back from the table with st.
+// checkKernel traces the table against st.
 func checkKernel(t *testing.T, p *Proxier, st dataplane.State) {
 	t.Helper()
-	live, err := p.Explain()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if diff := dataplane.Diff(dataplane.Expected(st), live); len(diff) > 0 {
-		t.Errorf("kernel differs from the state:\n%s", strings.Join(diff, "\n"))
-	}
+	wantServed(t, "kernel", p, st)
 }
 
 // A failed commit leaves the record as the kernel is (the journal is

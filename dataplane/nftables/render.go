@@ -1,10 +1,8 @@
 package nftables
 
 import (
-	"fmt"
 	"net/netip"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/steelyard-net/steelyard/dataplane"
@@ -38,28 +36,6 @@ const (
 	kindLoadBalancer = " loadbalancer IP"
 )
 
-// elem is one element of a shared map, owned by one Service port.
-type elem struct {
-	m     string   // map name
-	key   []string // key fields
-	value string   // verdict
-	// kind is the comment suffix naming the entry point ("" for the
-	// clusterIP); explain reads it back.
-	kind string
-}
-
-func (e elem) id() string { return e.m + " " + strings.Join(e.key, " . ") }
-
-// weightMap is a Service port's map from numgen ranges to endpoints: a
-// DNAT map (values "198.19.1.2 . 8080") or, with ClientIP affinity, a
-// verdict map to endpoint chains ("goto ep-...").
-type weightMap struct {
-	// data is the type of the values: "verdict", or "ip daddr . tcp dport"
-	// (ip6 for IPv6, the port's protocol).
-	data  string
-	elems [][2]string // "lo-hi", "198.19.1.2 . 8080" or "goto ep-..."
-}
-
 // portObjects is everything one Service port owns in the table, rendered.
 // A partial sync compares the old and new portObjects of the Service ports
 // that changed and writes only the difference.
@@ -68,7 +44,7 @@ type portObjects struct {
 	comment string
 	// chains: name -> rules, and the names in write order (endpoint chains
 	// first, so the maps and rules that jump to them find them).
-	chains map[string][]string
+	chains map[string][]rule
 	order  []string
 	// maps are the weight maps; sets the affinity sets (timeout seconds).
 	maps map[string]*weightMap
@@ -80,7 +56,7 @@ type portObjects struct {
 	hairpin []hairpinKey
 }
 
-func (o *portObjects) addChain(name string, rules ...string) {
+func (o *portObjects) addChain(name string, rules ...rule) {
 	if _, ok := o.chains[name]; !ok {
 		o.order = append(o.order, name)
 	}
@@ -92,11 +68,11 @@ func (o *portObjects) addChain(name string, rules ...string) {
 func (p *Proxier) renderPort(sp *dataplane.ServicePort) *portObjects {
 	name := sp.Name.String()
 	proto := sp.VIP.Protocol.Lower()
-	port := strconv.Itoa(int(sp.VIP.Port))
+	pnum := protoNumbers[proto]
 	o := &portObjects{
 		src:     clonePort(sp),
 		comment: name,
-		chains:  map[string][]string{},
+		chains:  map[string][]rule{},
 		maps:    map[string]*weightMap{},
 		sets:    map[string]int{},
 	}
@@ -110,37 +86,37 @@ func (p *Proxier) renderPort(sp *dataplane.ServicePort) *portObjects {
 	// The entry points: the clusterIP, then the external ones.
 	type entry struct {
 		mapName string
-		key     []string
+		key     svcKey
 		lb      bool
 		kind    string
 	}
-	internal := entry{mapServiceIPs, []string{sp.VIP.IP.String(), proto, port}, false, ""}
+	internal := entry{mapServiceIPs, svcKey{sp.VIP.IP, pnum, sp.VIP.Port}, false, ""}
 	var external []entry
 	if sp.NodePort != 0 {
-		external = append(external, entry{mapServiceNodePorts, []string{proto, strconv.Itoa(int(sp.NodePort))}, false, kindNodePort})
+		external = append(external, entry{mapServiceNodePorts, svcKey{proto: pnum, port: sp.NodePort}, false, kindNodePort})
 	}
 	for _, ip := range sp.ExternalIPs {
-		external = append(external, entry{mapServiceIPs, []string{ip.String(), proto, port}, false, kindExternalIP})
+		external = append(external, entry{mapServiceIPs, svcKey{ip, pnum, sp.VIP.Port}, false, kindExternalIP})
 	}
 	for _, ip := range sp.LoadBalancerIPs {
-		external = append(external, entry{mapServiceIPs, []string{ip.String(), proto, port}, true, kindLoadBalancer})
+		external = append(external, entry{mapServiceIPs, svcKey{ip, pnum, sp.VIP.Port}, true, kindLoadBalancer})
 	}
 	// noEndpoints is the filter map of an entry: refused or dropped before
 	// any endpoint is tried.
-	noEndpoints := func(e entry, verdict string) {
+	noEndpoints := func(e entry, v verdict) {
 		m := mapNoEndpointServices
 		if e.mapName == mapServiceNodePorts {
 			m = mapNoEndpointNodePorts
 		}
-		o.elems = append(o.elems, elem{m, e.key, verdict, e.kind})
+		o.elems = append(o.elems, elem{m, e.key, v, e.kind})
 	}
 
 	active := sp.Active()
 	if len(active) == 0 {
 		// Refuse at once instead of letting the client time out.
-		noEndpoints(internal, "goto "+chainReject)
+		noEndpoints(internal, goTo(chainReject))
 		for _, e := range external {
-			noEndpoints(e, "goto "+chainReject)
+			noEndpoints(e, goTo(chainReject))
 		}
 		return o
 	}
@@ -155,11 +131,11 @@ func (p *Proxier) renderPort(sp *dataplane.ServicePort) *portObjects {
 		// which sees only what nothing DNATed. Entry points that drop
 		// what is not DNATed drop it instead.
 		if !sp.InternalLocal || len(local) > 0 {
-			noEndpoints(internal, "goto "+chainRejectShare)
+			noEndpoints(internal, goTo(chainRejectShare))
 		}
 		for _, e := range external {
 			if (!sp.ExternalLocal || len(local) > 0) && !(e.lb && len(sp.SourceRanges) > 0) {
-				noEndpoints(e, "goto "+chainRejectShare)
+				noEndpoints(e, goTo(chainRejectShare))
 			}
 		}
 	}
@@ -168,13 +144,13 @@ func (p *Proxier) renderPort(sp *dataplane.ServicePort) *portObjects {
 
 	switch {
 	case !sp.InternalLocal:
-		o.elems = append(o.elems, elem{mapServiceIPs, internal.key, "goto " + svc, ""})
+		o.elems = append(o.elems, elem{mapServiceIPs, internal.key, goTo(svc), ""})
 	case len(local) > 0:
-		o.elems = append(o.elems, elem{mapServiceIPs, internal.key, "goto " + svl, ""})
+		o.elems = append(o.elems, elem{mapServiceIPs, internal.key, goTo(svl), ""})
 	default:
 		// internalTrafficPolicy Local without a local endpoint: drop, as
 		// kube-proxy does.
-		noEndpoints(internal, "drop")
+		noEndpoints(internal, vDrop)
 	}
 
 	if len(external) > 0 {
@@ -184,38 +160,34 @@ func (p *Proxier) renderPort(sp *dataplane.ServicePort) *portObjects {
 			if e.lb && hasFW {
 				target = fw
 			}
-			o.elems = append(o.elems, elem{e.mapName, e.key, "goto " + target, e.kind})
+			o.elems = append(o.elems, elem{e.mapName, e.key, goTo(target), e.kind})
 			switch {
 			case sp.ExternalLocal && len(local) == 0:
 				// Only what the ext chain sends on (pods, the node) is
 				// DNATed; the rest reaches the filter still aimed here.
-				noEndpoints(e, "drop")
+				noEndpoints(e, vDrop)
 			case e.lb && hasFW:
-				noEndpoints(e, "drop") // sources not allowed by fw
+				noEndpoints(e, vDrop) // sources not allowed by fw
 			}
 		}
 		if hasFW {
-			var rs []string
-			for _, r := range sp.SourceRanges {
-				rs = append(rs, r.String())
-			}
-			o.addChain(fw, p.f.ip+" saddr { "+strings.Join(rs, ", ")+" } goto "+ext)
+			o.addChain(fw, r(srcRanges(slices.Clone(sp.SourceRanges)), goTo(ext)))
 		}
 		if !sp.ExternalLocal {
 			// Cluster policy: the endpoint may be on another node, so the
 			// reply must come back through this one.
-			o.addChain(ext, "jump "+chainMarkMasq, "goto "+svc)
+			o.addChain(ext, r(jump(chainMarkMasq)), r(goTo(svc)))
 		} else {
 			// Local policy: pods and the node itself still reach every
 			// endpoint (the node masqueraded); others keep their source
 			// address and reach only this node's endpoints.
-			var rules []string
+			var rules []rule
 			if p.hasCIDRs() {
-				rules = append(rules, p.f.ip+" saddr @"+setClusterCIDRs+" goto "+svc)
+				rules = append(rules, r(inSet{field: saddr, set: setClusterCIDRs}, goTo(svc)))
 			}
-			rules = append(rules, "fib saddr type local jump "+chainMarkMasq, "fib saddr type local goto "+svc)
+			rules = append(rules, r(fibLocal, jump(chainMarkMasq)), r(fibLocal, goTo(svc)))
 			if len(local) > 0 {
-				rules = append(rules, "goto "+svl)
+				rules = append(rules, r(goTo(svl)))
 			}
 			o.addChain(ext, rules...)
 		}
@@ -241,7 +213,7 @@ func (p *Proxier) renderPort(sp *dataplane.ServicePort) *portObjects {
 		addr := b.Addr().String()
 		if !affinity {
 			eps[b.Addr()] = ""
-			o.hairpin = append(o.hairpin, newHairpinKey(b.IP, protoNumbers[proto], b.Port))
+			o.hairpin = append(o.hairpin, newHairpinKey(b.IP, pnum, b.Port))
 			continue
 		}
 		// Endpoint chains first: the split rules and maps refer to them.
@@ -250,28 +222,28 @@ func (p *Proxier) renderPort(sp *dataplane.ServicePort) *portObjects {
 		aff := affinitySet(ep)
 		o.sets[aff] = sp.AffinitySeconds
 		o.addChain(ep,
-			p.f.ip+" saddr "+b.IP.String()+" jump "+chainMarkMasq,
-			"update @"+aff+" { "+p.f.ip+" saddr }",
-			"meta l4proto "+proto+" dnat to "+addr)
+			r(addrIs{saddr, b.IP}, jump(chainMarkMasq)),
+			r(updateSaddr(aff)),
+			r(l4proto(pnum), dnatTo(b.Addr())))
 	}
 
 	split := func(chain string, bs []dataplane.Backend, masq bool) {
-		var rules []string
+		var rules []rule
 		if masq {
-			vip := p.f.ip + " daddr " + sp.VIP.IP.String() + " " + proto + " dport " + port
+			vip, vport := addrIs{daddr, sp.VIP.IP}, dport{pnum, sp.VIP.Port}
 			switch {
 			case p.cfg.MasqueradeAll:
-				rules = append(rules, vip+" jump "+chainMarkMasq)
+				rules = append(rules, r(vip, vport, jump(chainMarkMasq)))
 			case p.hasCIDRs():
 				// Off-cluster clients of the clusterIP are masqueraded so
 				// the reply comes back through this node.
-				rules = append(rules, vip+" "+p.f.ip+" saddr != @"+setClusterCIDRs+" jump "+chainMarkMasq)
+				rules = append(rules, r(vip, vport, inSet{saddr, true, setClusterCIDRs}, jump(chainMarkMasq)))
 			}
 		}
 		if affinity {
 			for _, b := range bs {
 				ep := eps[b.Addr()]
-				rules = append(rules, p.f.ip+" saddr @"+affinitySet(ep)+" goto "+ep)
+				rules = append(rules, r(inSet{field: saddr, set: affinitySet(ep)}, goTo(ep)))
 			}
 		}
 		weights := make([]float64, len(bs), len(bs)+1)
@@ -282,20 +254,19 @@ func (p *Proxier) renderPort(sp *dataplane.ServicePort) *portObjects {
 			weights = append(weights, sp.RejectWeight) // the last range
 		}
 		mod, ranges := Ranges(weights)
-		wm := &weightMap{data: "verdict"}
+		wm := &weightMap{dnat: !affinity, proto: pnum}
 		mname := weightMapName(chain)
 		if !affinity {
-			wm.data = p.f.ip + " daddr . " + proto + " dport"
 			mname = dnatMapName(chain)
 			if p.cfg.CountConnections {
 				mname = countedMapName(chain)
 			}
 		}
-		for i, r := range ranges {
-			if r[1] < r[0] {
+		for i, rg := range ranges {
+			if rg[1] < rg[0] {
 				continue // too small a weight for one bucket
 			}
-			var value string
+			e := wmElem{lo: uint32(rg[0]), hi: uint32(rg[1])}
 			switch {
 			case i == len(bs) && !affinity:
 				// The reject share is the range without an element: the
@@ -303,25 +274,25 @@ func (p *Proxier) renderPort(sp *dataplane.ServicePort) *portObjects {
 				// chain ends; the filter map refuses what nothing DNATed.
 				continue
 			case i == len(bs):
-				value = "return"
+				e.to = vReturn
 			case !affinity:
-				value = bs[i].IP.String() + " . " + strconv.Itoa(int(bs[i].Port))
+				e.dnat = bs[i].Addr()
 			default:
-				value = "goto " + eps[bs[i].Addr()]
+				e.to = goTo(eps[bs[i].Addr()])
 			}
-			wm.elems = append(wm.elems, [2]string{fmt.Sprintf("%d-%d", r[0], r[1]), value})
+			wm.elems = append(wm.elems, e)
 		}
 		o.maps[mname] = wm
 		// "numgen . meta l4proto": the concatenation keeps nft 1.0.6 from
 		// reading every interval map of the table before each element
 		// change (see the package comment).
 		if affinity {
-			rules = append(rules, fmt.Sprintf("numgen random mod %d . meta l4proto vmap @%s", mod, mname))
+			rules = append(rules, r(numgenVmap{uint32(mod), mname}))
 		} else {
 			// One rule DNATs through the map: no chain per endpoint (at
 			// 10,000 Services x 10 endpoints 10,005 chains instead of
 			// 110,012; see docs/dataplanes.md).
-			rules = append(rules, fmt.Sprintf("meta l4proto %s dnat %s to numgen random mod %d . meta l4proto map @%s", proto, p.f.ip, mod, mname))
+			rules = append(rules, r(l4proto(pnum), numgenDNAT{uint32(mod), mname}))
 		}
 		o.addChain(chain, rules...)
 	}

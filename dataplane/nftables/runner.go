@@ -36,13 +36,26 @@ func newChildRunner(nft knftables.Interface) (*childRunner, error) {
 
 // Run applies tx in one nft invocation (one kernel transaction).
 func (r *childRunner) Run(ctx context.Context, tx *knftables.Transaction) error {
-	text := tx.String()
-	// A transaction knftables refused to build ends with this comment;
-	// nft would skip it and run the rest.
-	if i := strings.LastIndex(text, "# ERROR: "); i >= 0 && !strings.Contains(text[i:], "\n") {
-		return fmt.Errorf("nftables: %s", text[i+len("# ERROR: "):])
+	text, err := txText(tx)
+	if err != nil {
+		return err
 	}
-	text = coalesceElements(text)
+	return r.runScript(ctx, text)
+}
+
+// txText is tx's nft input, or the error knftables recorded: a
+// transaction knftables refused to build ends with a comment, which nft
+// would skip and run the rest.
+func txText(tx *knftables.Transaction) (string, error) {
+	text := tx.String()
+	if i := strings.LastIndex(text, "# ERROR: "); i >= 0 && !strings.Contains(text[i:], "\n") {
+		return "", fmt.Errorf("nftables: %s", text[i+len("# ERROR: "):])
+	}
+	return text, nil
+}
+
+// runScript applies nft input text in one nft invocation.
+func (r *childRunner) runScript(ctx context.Context, text string) error {
 	fd, err := unix.MemfdCreate("steelyard-nft", unix.MFD_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("nftables: memfd: %w", err)
@@ -65,41 +78,69 @@ func (r *childRunner) Run(ctx context.Context, tx *knftables.Transaction) error 
 	return nil
 }
 
-// coalesceElements joins consecutive "add element" lines of one set into
-// one command. knftables writes a line per element, and the kernel finds
-// the set of each element message by name in a list of the table's sets:
-// with 10,000 weight maps a first sync paid that walk for each of its
-// 200,000 elements. Measured with nft 1.0.6 at 10,000 Services x 10
-// endpoints (dnat-map layout): 24.8 CPU-s with an element per command,
-// 10.8 with one command per set. Only plain elements are joined (no
-// comment, no braces): the lines of service-ips keep their comments.
-func coalesceElements(text string) string {
-	lines := strings.Split(text, "\n")
-	out := make([]string, 0, len(lines))
-	prefix := "" // "add element FAMILY TABLE SET { " of the group being built
+// script is t as nft input: knftables spells every operation, except that
+// consecutive additions of elements without a comment to one set are
+// written as one command. knftables writes a command per element, and the
+// kernel finds the set of each element message by name in a list of the
+// table's sets: with 10,000 weight maps a first sync paid that walk for
+// each of its 200,000 elements. Measured with nft 1.0.6 at 10,000
+// Services x 10 endpoints (dnat-map layout): 24.8 CPU-s with an element
+// per command, 10.8 with one command per set. The shared maps' elements
+// keep a command each (their comments).
+func (t *ops) script(newTx func() *knftables.Transaction, f fam) (string, error) {
+	var b strings.Builder
+	tx := newTx()
+	flushTx := func() error {
+		if tx.NumOperations() == 0 {
+			return nil
+		}
+		text, err := txText(tx)
+		if err != nil {
+			return err
+		}
+		b.WriteString(text)
+		tx = newTx()
+		return nil
+	}
+	set := "" // the set of the group being built
 	var group []string
-	flush := func() {
+	flushGroup := func() {
 		if len(group) > 0 {
-			out = append(out, prefix+strings.Join(group, ", ")+" }")
+			fmt.Fprintf(&b, "add element %s %s %s { %s }\n", f.nfFamily, TableName, set, strings.Join(group, ", "))
 		}
-		prefix, group = "", nil
+		set, group = "", nil
 	}
-	for _, l := range lines {
-		head, body, ok := strings.Cut(l, " { ")
-		if ok && strings.HasPrefix(head, "add element ") && strings.HasSuffix(body, " }") {
-			body = strings.TrimSuffix(body, " }")
-			if !strings.ContainsAny(body, "{}\"") {
-				if head+" { " != prefix {
-					flush()
-					prefix = head + " { "
+	for _, o := range t.list {
+		obj := o.object(f)
+		if el, ok := obj.(*knftables.Element); ok && o.verb == 'a' && el.Comment == nil {
+			name := el.Set + el.Map
+			if name != set {
+				flushGroup()
+				if err := flushTx(); err != nil {
+					return "", err
 				}
-				group = append(group, body)
-				continue
+				set = name
 			}
+			item := strings.Join(el.Key, " . ")
+			if len(el.Value) > 0 {
+				item += " : " + strings.Join(el.Value, " . ")
+			}
+			group = append(group, item)
+			continue
 		}
-		flush()
-		out = append(out, l)
+		flushGroup()
+		switch o.verb {
+		case 'a':
+			tx.Add(obj)
+		case 'f':
+			tx.Flush(obj)
+		default:
+			tx.Delete(obj)
+		}
 	}
-	flush()
-	return strings.Join(out, "\n")
+	flushGroup()
+	if err := flushTx(); err != nil {
+		return "", err
+	}
+	return b.String(), nil
 }

@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -38,12 +39,11 @@ func TestSCTPEveryEntryPoint(t *testing.T) {
 		if _, err := p.Sync(s, dataplane.FullSync); err != nil {
 			t.Fatal(err)
 		}
+		wantServed(t, fmt.Sprintf("IPv%d", family), p, s)
+		// Explain names the same entry points.
 		live, err := p.Explain()
 		if err != nil {
 			t.Fatal(err)
-		}
-		if diff := dataplane.Diff(dataplane.Expected(s), live); len(diff) > 0 {
-			t.Errorf("IPv%d: explain disagrees with the desired state:\n%s", family, strings.Join(diff, "\n"))
 		}
 		keys := map[string]bool{}
 		for _, v := range live {

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -17,77 +15,6 @@ import (
 	"github.com/steelyard-net/steelyard/dataplane"
 	"github.com/steelyard-net/steelyard/internal/execx"
 )
-
-// skeleton adds (and flushes and refills) the fixed chains and sets. The
-// shared maps are only added: their elements belong to the Service ports.
-func (p *Proxier) skeleton(tx txn) {
-	tx.Add(&knftables.Table{Comment: knftables.PtrTo("steelyard: weighted Service VIPs")})
-	ip := p.f.ip
-	tx.Add(&knftables.Map{Name: mapServiceIPs, Type: p.f.addrType + " . inet_proto . inet_service : verdict"})
-	tx.Add(&knftables.Map{Name: mapServiceNodePorts, Type: "inet_proto . inet_service : verdict"})
-	tx.Add(&knftables.Map{Name: mapNoEndpointServices, Type: p.f.addrType + " . inet_proto . inet_service : verdict"})
-	tx.Add(&knftables.Map{Name: mapNoEndpointNodePorts, Type: "inet_proto . inet_service : verdict"})
-	tx.Add(&knftables.Set{Name: setNodePortIPs, Type: p.f.addrType})
-	tx.Add(&knftables.Set{Name: setHairpin, Type: p.f.addrType + " . inet_proto . inet_service . " + p.f.addrType})
-	tx.Add(&knftables.Set{Name: setClusterCIDRs, Type: p.f.addrType, Flags: []knftables.SetFlag{knftables.IntervalFlag}})
-	tx.Flush(&knftables.Set{Name: setClusterCIDRs})
-	for _, c := range p.familyCIDRs() {
-		tx.Add(&knftables.Element{Set: setClusterCIDRs, Key: []string{c}})
-	}
-	mark := p.cfg.mark()
-	regular := []struct {
-		name  string
-		rules []string
-	}{
-		{chainMarkMasq, []string{"meta mark set meta mark | " + mark}},
-		{chainMasquerading, []string{p.hairpinRule(), "meta mark & " + mark + " == 0 return", "meta mark set meta mark ^ " + mark, "masquerade fully-random"}},
-		{chainReject, []string{"reject"}},
-		{chainRejectShare, []string{"meta l4proto tcp reject with tcp reset", "reject"}},
-		{chainFilterEndpoints, []string{
-			ip + " daddr . meta l4proto . th dport vmap @" + mapNoEndpointServices,
-			ip + " daddr @" + setNodePortIPs + " meta l4proto . th dport vmap @" + mapNoEndpointNodePorts,
-		}},
-		{chainServices, []string{
-			ip + " daddr . meta l4proto . th dport vmap @" + mapServiceIPs,
-			ip + " daddr @" + setNodePortIPs + " meta l4proto . th dport vmap @" + mapServiceNodePorts,
-		}},
-	}
-	for _, c := range regular {
-		tx.Add(&knftables.Chain{Name: c.name})
-		tx.Flush(&knftables.Chain{Name: c.name})
-		for _, r := range c.rules {
-			tx.Add(&knftables.Rule{Chain: c.name, Rule: r})
-		}
-	}
-	bases := []struct {
-		name string
-		typ  knftables.BaseChainType
-		hook knftables.BaseChainHook
-		prio knftables.BaseChainPriority
-		rule string
-	}{
-		{chainNATPrerouting, knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority, "jump " + chainServices},
-		{chainNATOutput, knftables.NATType, knftables.OutputHook, knftables.DNATPriority, "jump " + chainServices},
-		{chainNATPostrouting, knftables.NATType, knftables.PostroutingHook, knftables.SNATPriority, "jump " + chainMasquerading},
-		{chainFilterInput, knftables.FilterType, knftables.InputHook, knftables.FilterPriority, "ct state new jump " + chainFilterEndpoints},
-		{chainFilterForward, knftables.FilterType, knftables.ForwardHook, knftables.FilterPriority, "ct state new jump " + chainFilterEndpoints},
-		{chainFilterOutput, knftables.FilterType, knftables.OutputHook, knftables.FilterPriority, "ct state new jump " + chainFilterEndpoints},
-	}
-	for _, b := range bases {
-		tx.Add(&knftables.Chain{Name: b.name, Type: knftables.PtrTo(b.typ), Hook: knftables.PtrTo(b.hook), Priority: knftables.PtrTo(b.prio)})
-		tx.Flush(&knftables.Chain{Name: b.name})
-		tx.Add(&knftables.Rule{Chain: b.name, Rule: b.rule})
-	}
-	// Forwarded packets conntrack calls invalid (an out-of-window TCP
-	// segment) skip the reverse NAT: a pod behind a VIP would reach its
-	// client from its own address and be reset (kubernetes#74839, the
-	// conformance spec "proxy implementation should not be vulnerable to
-	// the invalid conntrack state bug"). kube-proxy's iptables mode drops
-	// them the same way.
-	tx.Add(&knftables.Rule{Chain: chainFilterForward, Rule: "ct state invalid drop",
-		Comment: knftables.PtrTo("drop invalid conntrack state (kubernetes#74839)")})
-	p.localhost(tx)
-}
 
 // Sync implements dataplane.Dataplane. A partial Sync looks only at the
 // Service ports of req.Changed (the Builder's set; all of them when it is
@@ -196,7 +123,7 @@ func (p *Proxier) sync(s dataplane.State, req dataplane.SyncRequest) error {
 
 	// The writer changes the record's owners in place, journaled below
 	// (record.go): a failed commit puts them back.
-	w := &writer{p: p, full: listing, live: live, seen: map[string]bool{}, owner: p.rec.owner}
+	w := &writer{p: p, full: listing, live: live, seen: map[elemID]bool{}, owner: p.rec.owner}
 	tx := &ops{}
 	nodeIPs := p.nodeAddrs()
 	if listing || !p.synced {
@@ -376,128 +303,16 @@ func (p *Proxier) commit(ctx context.Context, t *ops) (err error) {
 		log.WithField("reason", err.Error()).Debug("transaction goes through nft")
 	}
 	p.lastNetlink = false
+	if r, ok := p.nft.(*childRunner); ok {
+		text, err := t.script(r.NewTransaction, p.f)
+		if err != nil {
+			return err
+		}
+		return r.runScript(ctx, text)
+	}
 	tx := p.nft.NewTransaction()
-	t.into(tx)
+	t.into(tx, p.f)
 	return p.nft.Run(ctx, tx)
-}
-
-// liveNames are the names of the table's objects, read over netlink, and
-// the live elements of the shared maps.
-type liveNames struct {
-	chains, maps, sets map[string]bool
-	elems              map[string]elem // by id
-	hairpin            map[hairpinKey]bool
-}
-
-func (l *liveNames) hasAll(o *portObjects) bool {
-	for c := range o.chains {
-		if !l.chains[c] {
-			return false
-		}
-	}
-	for m := range o.maps {
-		if !l.maps[m] {
-			return false
-		}
-	}
-	for s := range o.sets {
-		if !l.sets[s] {
-			return false
-		}
-	}
-	return true
-}
-
-func (p *Proxier) listLive(ctx context.Context) (*liveNames, error) {
-	l := &liveNames{chains: map[string]bool{}, maps: map[string]bool{}, sets: map[string]bool{}, elems: map[string]elem{}, hairpin: map[hairpinKey]bool{}}
-	for kind, into := range map[string]map[string]bool{"chains": l.chains, "maps": l.maps, "sets": l.sets} {
-		names, err := p.nft.List(ctx, kind)
-		if isNotFound(err) {
-			return l, nil // no table yet
-		}
-		if err != nil {
-			return nil, fmt.Errorf("nftables: list %s: %w", kind, err)
-		}
-		for _, n := range names {
-			into[n] = true
-		}
-	}
-	for _, m := range []string{mapServiceIPs, mapServiceNodePorts, mapNoEndpointServices, mapNoEndpointNodePorts} {
-		if !l.maps[m] {
-			continue
-		}
-		if p.netlink != nil {
-			es, err := p.netlink.elements(m)
-			if err != nil {
-				return nil, fmt.Errorf("nftables: list map %s: %w", m, err)
-			}
-			for _, x := range es {
-				l.elems[x.id()] = x
-			}
-			continue
-		}
-		es, err := p.nft.ListElements(ctx, "map", m)
-		if err != nil {
-			return nil, fmt.Errorf("nftables: list map %s: %w", m, err)
-		}
-		for _, e := range es {
-			x := elem{m: m, key: splitKey(e.Key)}
-			if len(e.Value) > 0 {
-				x.value = strings.TrimSpace(strings.Join(e.Value, " . "))
-			}
-			l.elems[x.id()] = x
-		}
-	}
-	if l.sets[setHairpin] {
-		if err := p.listHairpin(ctx, l); err != nil {
-			return nil, fmt.Errorf("nftables: list set %s: %w", setHairpin, err)
-		}
-	}
-	return l, nil
-}
-
-// listHairpin reads the hairpin set's elements into l.
-func (p *Proxier) listHairpin(ctx context.Context, l *liveNames) error {
-	if p.netlink != nil {
-		ks, err := p.netlink.hairpinElements()
-		for _, k := range ks {
-			l.hairpin[k] = true
-		}
-		return err
-	}
-	es, err := p.nft.ListElements(ctx, "set", setHairpin)
-	if err != nil {
-		return err
-	}
-	for _, e := range es {
-		f := splitKey(e.Key)
-		if len(f) != 4 {
-			return fmt.Errorf("element %q", e.Key)
-		}
-		a, err1 := netip.ParseAddr(f[0])
-		port, err2 := strconv.ParseUint(f[2], 10, 16)
-		if err1 != nil || err2 != nil {
-			return fmt.Errorf("element %q", e.Key)
-		}
-		proto, ok := protoNumbers[f[1]]
-		if !ok {
-			return fmt.Errorf("element %q", e.Key)
-		}
-		l.hairpin[newHairpinKey(a, proto, uint16(port))] = true
-	}
-	return nil
-}
-
-// splitKey returns the fields of a concatenated key however it was listed.
-func splitKey(key []string) []string {
-	if len(key) == 1 && strings.Contains(key[0], " . ") {
-		key = strings.Split(key[0], " . ")
-	}
-	out := make([]string, len(key))
-	for i, k := range key {
-		out[i] = strings.TrimSpace(k)
-	}
-	return out
 }
 
 // writer adds the operations of one Sync to its transactions.
@@ -505,9 +320,9 @@ type writer struct {
 	p     *Proxier
 	full  bool
 	live  *liveNames
-	owner map[string]dataplane.ServicePortName
+	owner map[elemID]dataplane.ServicePortName
 	// seen are the shared elements a full sync wrote or found right.
-	seen   map[string]bool
+	seen   map[elemID]bool
 	stale  map[staleKey]time.Time
 	reaped map[staleKey]bool
 	// The hairpin set (hairpin.go): a partial sync's changes of the
@@ -545,10 +360,10 @@ func (w *writer) revive(kind, name string) {
 // Service port n. In a full sync every object of o is rewritten.
 func (w *writer) port(tx txn, n dataplane.ServicePortName, old, o *portObjects) {
 	if old == nil || w.full {
-		old = &portObjects{chains: map[string][]string{}, maps: map[string]*weightMap{}, sets: map[string]int{}, elems: oldElems(old)}
+		old = &portObjects{chains: map[string][]rule{}, maps: map[string]*weightMap{}, sets: map[string]int{}, elems: oldElems(old)}
 	}
 	if o == nil {
-		o = &portObjects{chains: map[string][]string{}, maps: map[string]*weightMap{}, sets: map[string]int{}}
+		o = &portObjects{chains: map[string][]rule{}, maps: map[string]*weightMap{}, sets: map[string]int{}}
 	}
 	comment := knftables.PtrTo(commentOf(n, ""))
 	// 1. New objects, empty, so everything below may refer to them.
@@ -570,7 +385,7 @@ func (w *writer) port(tx txn, n dataplane.ServicePortName, old, o *portObjects) 
 	}
 	for _, m := range sortedKeys(o.maps) {
 		if _, ok := old.maps[m]; !ok {
-			typeOf := "numgen random mod 1 . meta l4proto : " + o.maps[m].data
+			typeOf := "numgen random mod 1 . meta l4proto : " + o.maps[m].data(w.p.f)
 			var mc *string
 			if countedMap(m) {
 				// knftables has no field for a set's "counter" statement:
@@ -584,7 +399,7 @@ func (w *writer) port(tx txn, n dataplane.ServicePortName, old, o *portObjects) 
 		}
 	}
 	// 2. Shared elements that go or change.
-	newElems := map[string]elem{}
+	newElems := map[elemID]elem{}
 	for _, e := range o.elems {
 		if owner, taken := w.owner[e.id()]; taken && owner != n {
 			log.WithFields(logrus.Fields{"service": n.String(), "entry": e.id(), "kept": owner.String()}).Warn("two Service ports share an entry point; the first is kept")
@@ -598,10 +413,10 @@ func (w *writer) port(tx txn, n dataplane.ServicePortName, old, o *portObjects) 
 		}
 		ne, ok := newElems[e.id()]
 		switch {
-		case ok && (w.full || ne.value == e.value):
+		case ok && (w.full || ne.to == e.to):
 			continue // unchanged, or compared with the kernel below
 		case !w.full:
-			tx.Delete(&knftables.Element{Map: e.m, Key: e.key})
+			tx.DeleteElem(sharedElem{e: e})
 		}
 		// In a full sync, repair deletes what the kernel still has.
 		delete(w.owner, e.id())
@@ -611,14 +426,14 @@ func (w *writer) port(tx txn, n dataplane.ServicePortName, old, o *portObjects) 
 	// chains and maps cost as much as the rest of the load.
 	for _, c := range o.order {
 		rs, ok := old.chains[c]
-		if ok && slices.Equal(rs, o.chains[c]) {
+		if ok && rulesEqual(rs, o.chains[c]) {
 			continue
 		}
 		if w.exists("chain", c, ok) {
 			tx.Flush(&knftables.Chain{Name: c})
 		}
 		for _, r := range o.chains[c] {
-			tx.Add(&knftables.Rule{Chain: c, Rule: r, Comment: comment})
+			tx.AddRule(c, comment, r)
 		}
 	}
 	// 4. Weight maps whose elements changed.
@@ -628,14 +443,14 @@ func (w *writer) port(tx txn, n dataplane.ServicePortName, old, o *portObjects) 
 		} else if w.exists("map", m, ok) {
 			tx.Flush(&knftables.Map{Name: m})
 		}
-		proto := o.src.VIP.Protocol.Lower()
-		for _, e := range o.maps[m].elems {
-			tx.Add(&knftables.Element{Map: m, Key: []string{e[0], proto}, Value: []string{e[1]}})
+		wm := o.maps[m]
+		for i := range wm.elems {
+			tx.AddElem(mapElem{m, wm.proto, &wm.elems[i]})
 		}
 	}
 	w.hairpinPort(tx, old, o)
 	// 5. Shared elements that come.
-	for _, id := range sortedKeys(newElems) {
+	for _, id := range sortedIDs(newElems) {
 		e := newElems[id]
 		w.seen[id] = true
 		if _, mine := w.owner[id]; mine && !w.full {
@@ -643,18 +458,14 @@ func (w *writer) port(tx txn, n dataplane.ServicePortName, old, o *portObjects) 
 		}
 		if w.full {
 			if le, ok := w.live.elems[id]; ok {
-				if le.value == e.value {
+				if le.to == e.to {
 					w.owner[id] = n
 					continue
 				}
-				tx.Delete(&knftables.Element{Map: e.m, Key: e.key})
+				tx.DeleteElem(sharedElem{e: e})
 			}
 		}
-		el := &knftables.Element{Map: e.m, Key: e.key, Comment: knftables.PtrTo(commentOf(n, e.kind))}
-		if e.value != "" {
-			el.Value = []string{e.value}
-		}
-		tx.Add(el)
+		tx.AddElem(sharedElem{e, knftables.PtrTo(commentOf(n, e.kind))})
 		w.owner[id] = n
 	}
 	// 6. Objects no longer used: left as they are now, flushed and deleted
@@ -729,25 +540,20 @@ func (w *writer) repair(tx txn, applied map[dataplane.ServicePortName]*portObjec
 			}
 			w.seen[e.id()] = true
 			le, ok := w.live.elems[e.id()]
-			if ok && le.value == e.value {
+			if ok && le.to == e.to {
 				continue
 			}
 			if ok {
-				tx.Delete(&knftables.Element{Map: e.m, Key: e.key})
+				tx.DeleteElem(sharedElem{e: e})
 			}
-			el := &knftables.Element{Map: e.m, Key: e.key, Comment: knftables.PtrTo(commentOf(n, e.kind))}
-			if e.value != "" {
-				el.Value = []string{e.value}
-			}
-			tx.Add(el)
+			tx.AddElem(sharedElem{e, knftables.PtrTo(commentOf(n, e.kind))})
 		}
 	}
-	for _, id := range sortedKeys(w.live.elems) {
+	for _, id := range sortedIDs(w.live.elems) {
 		if w.seen[id] {
 			continue
 		}
-		e := w.live.elems[id]
-		tx.Delete(&knftables.Element{Map: e.m, Key: e.key})
+		tx.DeleteElem(sharedElem{e: w.live.elems[id]})
 	}
 	w.hairpinRepair(tx, applied)
 	perPort := func(name string) bool {
