@@ -126,7 +126,7 @@ func migrate(t *testing.T, mode string, baseline map[string][]string) {
 		t1 := time.Now()
 		kubectl(t, "label", "node", n.Name, cluster.LabelRunSteelyard+"=true", "--overwrite")
 		waitSteelyardReadyOn(t, n.Name, 3*time.Minute)
-		waitVerifyOn(t, n.Name, time.Minute)
+		waitVerifyModeOn(t, n.Name, mode, time.Minute)
 		ready := time.Since(t1)
 		// No pod range given: the agent took clusterCIDR from
 		// kube-proxy's ConfigMap.
@@ -149,7 +149,7 @@ func migrate(t *testing.T, mode string, baseline map[string][]string) {
 		if n == node.Nodes[0] {
 			t.Logf("node %s: left by design (kubelet's chain, created by kube-proxy where kubelet had not, empty): %q", n.Name, kubelets)
 		}
-		waitVerifyOn(t, n.Name, 30*time.Second)
+		waitVerifyModeOn(t, n.Name, mode, 30*time.Second)
 		there = append(there, fmt.Sprintf("%s %.1fs (steelyard verified after %.1fs)", n.Name, time.Since(t1).Seconds(), ready.Seconds()))
 		t.Logf("node %s: steelyard verified %.1fs after its label, kube-proxy gone and cleaned up, no kube-proxy rule left, at %.1fs",
 			n.Name, ready.Seconds(), time.Since(t1).Seconds())
@@ -488,6 +488,25 @@ func waitSteelyardReadyOn(t *testing.T, name string, timeout time.Duration) {
 			t.Fatalf("node %s: no Ready steelyard pod after %v (%v)", name, timeout, err)
 		}
 		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// waitVerifyModeOn is waitVerifyOn for an agent in mode: `steelyard
+// verify` reads the kernel of the mode it is given (the DaemonSet gives
+// the agent its MODE, not a shell in its pod).
+func waitVerifyModeOn(t *testing.T, name, mode string, timeout time.Duration) {
+	t.Helper()
+	p := steelyardPodOn(t, name)
+	deadline := time.Now().Add(timeout)
+	for {
+		out, err := node.Kubectl(t.Context(), "-n", "steelyard", "exec", p.Name, "-c", "steelyard", "--", "steelyard", "verify", "--mode="+mode)
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node %s: steelyard verify --mode=%s after %v: %v\n%s", name, mode, timeout, err, out)
+		}
+		time.Sleep(time.Second)
 	}
 }
 
