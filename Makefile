@@ -205,7 +205,8 @@ node: node-deps chart-tool
 	$(ROOT) env $(NODE_ENV) STEELYARD_CHART_BIN=$(CURDIR)/bin/steelyard-chart STEELYARD_VERSION=$(VERSION) $(GO) test -tags node -count=1 -timeout 30m -v ./test/node/
 
 # The multi-node tests (test/node/multinode*_test.go): the same harness with
-# three nodes on a node LAN (node IPAM, routed pod ranges, zones a/b/c),
+# three dual-stack nodes on a node LAN (node IPAM, routed pod ranges of both
+# families, zones a/b/c; a 10/90 RequireDualStack Service in both families),
 # steelyard from manifests/ on each (no pod range given); a 10/90 Service
 # across nodes, external/internalTrafficPolicy Local, trafficDistribution,
 # kubectl drain and a DaemonSet rolling update under load, and the move from

@@ -379,7 +379,12 @@ func waitVerifyOn(t testing.TB, name string, timeout time.Duration) {
 	p := steelyardPodOn(t, name)
 	deadline := time.Now().Add(timeout)
 	for {
-		out, err := node.Kubectl(t.Context(), "-n", "steelyard", "exec", p.Name, "-c", "steelyard", "--", "steelyard", "verify")
+		argv := []string{"-n", "steelyard", "exec", p.Name, "-c", "steelyard", "--", "steelyard", "verify"}
+		if agentMode != "" {
+			// verify's --mode defaults to iptables, not to the agent's.
+			argv = append(argv, "--mode="+agentMode)
+		}
+		out, err := node.Kubectl(t.Context(), argv...)
 		if err == nil {
 			return
 		}

@@ -186,15 +186,18 @@ func (c *Cluster) plan() []*Node {
 	var nodes []*Node
 	for k := 1; k <= c.opts.Nodes; k++ {
 		name := fmt.Sprintf("%s-%d", c.opts.NodeName, k)
-		nodes = append(nodes, &Node{
+		n := &Node{
 			Name:   name,
 			IP:     nodeLANIP(k),
-			IP6:    nodeLANIP6(k),
 			Zone:   zoneOf(k),
 			Dir:    filepath.Join(c.Dir, "nodes", name),
 			c:      c,
 			cgroup: c.cgroup + "/" + name,
-		})
+		}
+		if c.opts.DualStack {
+			n.IP6 = nodeLANIP6(k)
+		}
+		nodes = append(nodes, n)
 	}
 	return nodes
 }

@@ -23,6 +23,8 @@ import (
 //	                        kube-router) has them
 //	outside client k        eth0 198.19.0.(100+k)/24 on br0 ("lanc<k>"),
 //	                        no route beyond the LAN: it reaches NodePorts
+//
+// A dual-stack cluster adds the IPv6 addresses and routes of dualstack.go.
 var (
 	// NodeLAN is the node LAN's subnet.
 	NodeLAN = netip.MustParsePrefix("198.19.0.0/24")

@@ -298,7 +298,7 @@ func (n *Node) waitPodCIDR(ctx context.Context) error {
 // nodeIPs is kubelet's --node-ip: the InternalIP, and the IPv6 one after
 // it on a dual-stack cluster (IPv4 the primary family).
 func (n *Node) nodeIPs() string {
-	if n.IP6.IsValid() && n.c.opts.DualStack {
+	if n.IP6.IsValid() {
 		return n.IP.String() + "," + n.IP6.String()
 	}
 	return n.IP.String()
