@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -96,9 +97,35 @@ func (n *Node) prepare() error {
 		"mount --bind " + n.CNIBinDir + " /opt/cni/bin",
 		"mount --bind " + n.CNIConfDir + " /etc/cni/net.d",
 		"touch /run/xtables.lock",
+		// A bpffs of the node's own at /sys/fs/bpf (--mode ebpf pins its
+		// maps and links there through a hostPath): a new instance in this
+		// mount namespace only, so no pin reaches the machine's or another
+		// node's, and the pins outlive the agent's pod as on a real node.
+		"mount -t bpf -o mode=0700 steelyard-node /sys/fs/bpf",
 	}, "\n")
 	return run("nsenter", "--mount="+n.mntns, "--", "sh", "-c", script)
 }
+
+// UnifiedCgroup returns the node's cgroup in the cgroup v2 (unified)
+// hierarchy, as a host path: it holds the node's containerd, kubelet and
+// pods and nothing else of this machine (--mode ebpf's --cgroup-path on
+// this node). Empty when the machine has no cgroup2 mount.
+func (n *Node) UnifiedCgroup() string {
+	hs, err := cgroupHierarchies()
+	if err != nil {
+		return ""
+	}
+	for _, h := range hs {
+		var st syscall.Statfs_t
+		if syscall.Statfs(h, &st) == nil && st.Type == cgroup2Magic {
+			return filepath.Join(h, n.cgroup)
+		}
+	}
+	return ""
+}
+
+// cgroup2Magic is CGROUP2_SUPER_MAGIC, statfs's type of a cgroup v2 mount.
+const cgroup2Magic = 0x63677270
 
 // writeConflist writes the node's main CNI configuration: the bridge
 // plugin with host-local on the node's pod range.
