@@ -102,6 +102,10 @@ func (n *Node) prepare() error {
 		// mount namespace only, so no pin reaches the machine's or another
 		// node's, and the pins outlive the agent's pod as on a real node.
 		"mount -t bpf -o mode=0700 steelyard-node /sys/fs/bpf",
+		// Shared (a peer group of this namespace only): containerd lets a
+		// hostPath with HostToContainer propagation come only from a
+		// shared or slave mount, as /sys/fs/bpf is under systemd.
+		"mount --make-shared /sys/fs/bpf",
 	}, "\n")
 	return run("nsenter", "--mount="+n.mntns, "--", "sh", "-c", script)
 }
@@ -122,6 +126,37 @@ func (n *Node) UnifiedCgroup() string {
 		}
 	}
 	return ""
+}
+
+// UnifiedCgroupOf returns the host path of process pid's cgroup in the
+// cgroup v2 hierarchy (its /proc/<pid>/cgroup "0::" line), e.g. where runc
+// put a pod's container.
+func (n *Node) UnifiedCgroupOf(pid int) (string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return "", err
+	}
+	own := n.UnifiedCgroup()
+	if own == "" {
+		return "", fmt.Errorf("no cgroup2 mount")
+	}
+	mount := strings.TrimSuffix(own, "/"+n.cgroup)
+	for _, l := range strings.Split(string(b), "\n") {
+		if p, ok := strings.CutPrefix(l, "0::"); ok {
+			return filepath.Join(mount, p), nil
+		}
+	}
+	return "", fmt.Errorf("pid %d: no cgroup v2 line in /proc/%d/cgroup", pid, pid)
+}
+
+// Exec runs argv in the node's network and mount namespaces (where its
+// bpffs is) and returns its combined output.
+func (n *Node) Exec(ctx context.Context, argv ...string) (string, error) {
+	out, err := exec.CommandContext(ctx, "nsenter", n.inNode(argv...)...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, out)
+	}
+	return string(out), nil
 }
 
 // cgroup2Magic is CGROUP2_SUPER_MAGIC, statfs's type of a cgroup v2 mount.
