@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -341,6 +342,19 @@ func TestHelmEBPFModeOnNode(t *testing.T) {
 	if _, _, err := node.Sandbox.Node.Exec2("conntrack", "-D", "-d", vip.Addr().String()); err != nil {
 		t.Logf("conntrack -D -d %s: %v", vip.Addr(), err)
 	}
+	// The capabilities the ebpf agent runs with, as the kernel shows them:
+	// no SYS_ADMIN, PERFMON or SYS_RESOURCE.
+	agent := steelyardPod(t)
+	apid, err := node.TaskPid(t.Context(), agent.Status.ContainerStatuses[0].ContainerID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := readProcStatus(t, apid)
+	t.Logf("ebpf agent: CapEff %v, CapBnd %v, NoNewPrivs %s, Seccomp %s", st.eff, st.bnd, st.noNewPrivs, st.seccmp)
+	if !slices.Equal(st.eff, []string{"NET_ADMIN", "NET_RAW", "BPF"}) {
+		t.Errorf("ebpf agent: CapEff %v, want NET_ADMIN NET_RAW BPF", st.eff)
+	}
+
 	m := d.mark()
 	win := d.waitLines(m, 2000, 60*time.Second)
 	names, fails, ports := summary(win)
