@@ -241,6 +241,41 @@ func TestValues(t *testing.T) {
 	}
 }
 
+// TestEBPFMode: mode ebpf gets the cgroup and bpffs hostPaths, the flags
+// that point at them and CAP_BPF; the other modes get none of them
+// (helm template has no live ConfigMap, so no upgrade away from ebpf).
+func TestEBPFMode(t *testing.T) {
+	spec := daemonSet(t, render(t, map[string]any{"mode": "ebpf", "ebpf": map[string]any{"cgroupPath": "/sys/fs/cgroup/unified/n1"}})).Spec.Template.Spec
+	agent := spec.Containers[0]
+	for _, want := range []string{"--cgroup-path=/host/cgroup", "--bpf-pin-dir=/sys/fs/bpf/steelyard"} {
+		if !slices.Contains(agent.Args, want) {
+			t.Errorf("mode ebpf: args %q lack %q", agent.Args, want)
+		}
+	}
+	if !slices.Contains(agent.SecurityContext.Capabilities.Add, "BPF") {
+		t.Errorf("mode ebpf: capabilities %v lack BPF", agent.SecurityContext.Capabilities.Add)
+	}
+	host := map[string]string{}
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil {
+			host[v.Name] = v.HostPath.Path
+		}
+	}
+	if host["bpffs"] != "/sys/fs/bpf" || host["cgroup"] != "/sys/fs/cgroup/unified/n1" {
+		t.Errorf("mode ebpf: hostPaths %v, want bpffs /sys/fs/bpf and cgroup /sys/fs/cgroup/unified/n1", host)
+	}
+	for _, m := range agent.VolumeMounts {
+		if m.Name == "bpffs" && (m.MountPath != "/sys/fs/bpf" || m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationHostToContainer) {
+			t.Errorf("bpffs mount %+v, want /sys/fs/bpf with HostToContainer", m)
+		}
+	}
+	spec = daemonSet(t, render(t, map[string]any{"mode": "nftables"})).Spec.Template.Spec
+	if slices.ContainsFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Name == "bpffs" || v.Name == "cgroup" }) ||
+		slices.Contains(spec.Containers[0].SecurityContext.Capabilities.Add, "BPF") {
+		t.Errorf("mode nftables: ebpf mounts or CAP_BPF: volumes %v, capabilities %v", spec.Volumes, spec.Containers[0].SecurityContext.Capabilities.Add)
+	}
+}
+
 // TestConfigChangeRollsPods: helm upgrade --set mode=nftables changes only
 // the ConfigMap's data, so the pod template carries the config's hash and
 // the DaemonSet rolls.
@@ -266,6 +301,7 @@ func TestBadValues(t *testing.T) {
 		want string
 	}{
 		{map[string]any{"mode": "userspace"}, "mode"},
+		{map[string]any{"mode": "ebpf", "ebpf": map[string]any{"pinDir": "/var/run/steelyard"}}, "pinDir"},
 		{map[string]any{"detectLocalMode": "BridgeInterface"}, "detectLocalMode"},
 		{map[string]any{"apiServer": "198.19.0.1"}, "apiServer"},
 		{map[string]any{"apiServer": "2001:2::1:443"}, "apiServer"},

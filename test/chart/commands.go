@@ -169,6 +169,7 @@ var lintValues = []map[string]any{
 		"cni":              map[string]any{"install": false},
 		"extraArgs":        []any{"--localhost-nodeports=false"},
 	},
+	{"mode": "ebpf", "ebpf": map[string]any{"cgroupPath": "/sys/fs/cgroup/unified", "pinDir": "/sys/fs/bpf/sy"}},
 }
 
 // Lint runs Helm's chart linter (what helm lint --strict runs) with each of

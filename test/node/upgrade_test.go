@@ -57,36 +57,7 @@ func TestHelmInstallUpgradeMode(t *testing.T) {
 	vip := clusterIP(t, "web")
 	cl := client(t)
 
-	// Out with the kubectl install; the rules stay in the kernel, so the
-	// VIPs keep working while no agent runs.
-	kubectl(t, "delete", "-f", manifestsDir(), "--wait=true", "--timeout=2m")
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		if out, err := helmChart(ctx, "uninstall"); err != nil {
-			t.Errorf("helm uninstall: %v\n%s", err, out)
-		}
-		if _, err := node.Kubectl(ctx, "wait", "--for=delete", "namespace/steelyard", "--timeout=2m"); err != nil && !strings.Contains(err.Error(), "NotFound") {
-			t.Errorf("namespace steelyard not gone: %v", err)
-		}
-		if err := install(ctx); err != nil {
-			t.Errorf("reinstall from manifests/: %v", err)
-			return
-		}
-		// t.Context() is done by now: verify with ctx (iptables again; the
-		// agent removes the nftables table the chart's agent left).
-		for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Second) {
-			out, err := node.Kubectl(ctx, "-n", "steelyard", "exec", "ds/steelyard", "-c", "steelyard", "--", "steelyard", "verify")
-			if err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Errorf("manifests/ back: steelyard verify after 1m: %v\n%s", err, out)
-				return
-			}
-		}
-		t.Log("manifests/ installed again with kubectl; steelyard verify: kernel equals the desired state")
-	})
+	replaceWithChart(t)
 
 	out, err := helmChart(t.Context(), "install",
 		"-set", fmt.Sprintf("apiServer=%s:%d", node.NodeIP, node.APIPort))
@@ -191,4 +162,41 @@ func TestHelmInstallUpgradeMode(t *testing.T) {
 	if r.ok() < 500 {
 		t.Errorf("only %d connections succeeded", r.ok())
 	}
+}
+
+// replaceWithChart deletes the kubectl install of manifests/ (the rules
+// stay in the kernel, so the VIPs keep working while no agent runs) for a
+// test that installs the chart, and at the end uninstalls the release and
+// installs manifests/ again, verified.
+func replaceWithChart(t *testing.T) {
+	t.Helper()
+	kubectl(t, "delete", "-f", manifestsDir(), "--wait=true", "--timeout=2m")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		if out, err := helmChart(ctx, "uninstall"); err != nil {
+			t.Errorf("helm uninstall: %v\n%s", err, out)
+		}
+		if _, err := node.Kubectl(ctx, "wait", "--for=delete", "namespace/steelyard", "--timeout=2m"); err != nil && !strings.Contains(err.Error(), "NotFound") {
+			t.Errorf("namespace steelyard not gone: %v", err)
+		}
+		if err := install(ctx); err != nil {
+			t.Errorf("reinstall from manifests/: %v", err)
+			return
+		}
+		// t.Context() is done by now: verify with ctx (iptables again; the
+		// agent removes the nftables table the chart's agent left).
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Second) {
+			out, err := node.Kubectl(ctx, "-n", "steelyard", "exec", "ds/steelyard", "-c", "steelyard", "--", "steelyard", "verify")
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("manifests/ back: steelyard verify after 1m: %v\n%s", err, out)
+				return
+			}
+		}
+		t.Log("manifests/ installed again with kubectl; steelyard verify: kernel equals the desired state")
+	})
+
 }

@@ -25,3 +25,17 @@ into a dict with host and port, failing with a clear message otherwise.
 {{- $host := trimSuffix (printf ":%s" $port) $a | trimPrefix "[" | trimSuffix "]" -}}
 {{- dict "host" $host "port" $port | toJson -}}
 {{- end -}}
+
+{{/*
+steelyard.ebpfMounts is "true" when the agent needs the bpffs and the BPF
+capability: in mode ebpf, and on the upgrade that leaves it (the live
+steelyard-config says MODE ebpf), so the new mode's first sync can detach
+and unpin what the ebpf agent left. lookup is empty in helm template, so
+manifests/ (the defaults) never has them.
+*/}}
+{{- define "steelyard.ebpfMounts" -}}
+{{- $live := lookup "v1" "ConfigMap" (include "steelyard.namespace" .) "steelyard-config" -}}
+{{- if or (eq .Values.mode "ebpf") (eq (dig "data" "MODE" "" $live) "ebpf") -}}
+true
+{{- end -}}
+{{- end -}}

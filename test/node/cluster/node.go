@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -100,9 +101,70 @@ func (n *Node) prepare() error {
 		"mount --bind " + n.CNIBinDir + " /opt/cni/bin",
 		"mount --bind " + n.CNIConfDir + " /etc/cni/net.d",
 		"touch /run/xtables.lock",
+		// A bpffs of the node's own at /sys/fs/bpf (--mode ebpf pins its
+		// maps and links there through a hostPath): a new instance in this
+		// mount namespace only, so no pin reaches the machine's or another
+		// node's, and the pins outlive the agent's pod as on a real node.
+		"mount -t bpf -o mode=0700 steelyard-node /sys/fs/bpf",
+		// Shared (a peer group of this namespace only): containerd lets a
+		// hostPath with HostToContainer propagation come only from a
+		// shared or slave mount, as /sys/fs/bpf is under systemd.
+		"mount --make-shared /sys/fs/bpf",
 	}, "\n")
 	return run("nsenter", "--mount="+n.mntns, "--", "sh", "-c", script)
 }
+
+// UnifiedCgroup returns the node's cgroup in the cgroup v2 (unified)
+// hierarchy, as a host path: it holds the node's containerd, kubelet and
+// pods and nothing else of this machine (--mode ebpf's --cgroup-path on
+// this node). Empty when the machine has no cgroup2 mount.
+func (n *Node) UnifiedCgroup() string {
+	hs, err := cgroupHierarchies()
+	if err != nil {
+		return ""
+	}
+	for _, h := range hs {
+		var st syscall.Statfs_t
+		if syscall.Statfs(h, &st) == nil && st.Type == cgroup2Magic {
+			return filepath.Join(h, n.cgroup)
+		}
+	}
+	return ""
+}
+
+// UnifiedCgroupOf returns the host path of process pid's cgroup in the
+// cgroup v2 hierarchy (its /proc/<pid>/cgroup "0::" line), e.g. where runc
+// put a pod's container.
+func (n *Node) UnifiedCgroupOf(pid int) (string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return "", err
+	}
+	own := n.UnifiedCgroup()
+	if own == "" {
+		return "", fmt.Errorf("no cgroup2 mount")
+	}
+	mount := strings.TrimSuffix(own, "/"+n.cgroup)
+	for _, l := range strings.Split(string(b), "\n") {
+		if p, ok := strings.CutPrefix(l, "0::"); ok {
+			return filepath.Join(mount, p), nil
+		}
+	}
+	return "", fmt.Errorf("pid %d: no cgroup v2 line in /proc/%d/cgroup", pid, pid)
+}
+
+// Exec runs argv in the node's network and mount namespaces (where its
+// bpffs is) and returns its combined output.
+func (n *Node) Exec(ctx context.Context, argv ...string) (string, error) {
+	out, err := exec.CommandContext(ctx, "nsenter", n.inNode(argv...)...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// cgroup2Magic is CGROUP2_SUPER_MAGIC, statfs's type of a cgroup v2 mount.
+const cgroup2Magic = 0x63677270
 
 // writeConflist writes the node's main CNI configuration: the bridge
 // plugin with host-local on the node's pod range.
