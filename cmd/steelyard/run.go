@@ -56,9 +56,27 @@ type dataplaneFlags struct {
 	conntrack conntrackTimeouts
 }
 
+// The environment variables that give --mode and --iptables-mode their
+// defaults. The chart's DaemonSet sets both to the agent's values: an
+// operator's "kubectl exec ds/steelyard -- steelyard verify" on an
+// nftables node then checks the nftables table, not iptables rules the
+// agent never wrote (issue 20: both multi-node suites tripped on it).
+const (
+	envMode         = "STEELYARD_MODE"
+	envIPTablesMode = "STEELYARD_IPTABLES_MODE"
+)
+
+// envDefault is $name when set and not empty, else def.
+func envDefault(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
 func (f *dataplaneFlags) register(cmd *cobra.Command, withConfig bool) {
-	cmd.Flags().StringVar(&f.mode, "mode", "iptables", "dataplane: "+modeNames())
-	cmd.Flags().StringVar(&f.iptablesMode, "iptables-mode", "auto", "iptables flavour: auto (the one the host uses), nft or legacy")
+	cmd.Flags().StringVar(&f.mode, "mode", envDefault(envMode, "iptables"), "dataplane: "+modeNames()+" (default from $"+envMode+" when set: the DaemonSet sets it to the agent's mode, so explain and verify in its pod read the mode the agent writes)")
+	cmd.Flags().StringVar(&f.iptablesMode, "iptables-mode", envDefault(envIPTablesMode, "auto"), "iptables flavour: auto (the one the host uses), nft or legacy (default from $"+envIPTablesMode+" when set)")
 	f.registerEBPF(cmd)
 	if withConfig {
 		cmd.Flags().StringSliceVar(&f.clusterCIDRs, "cluster-cidr", nil, "pod CIDRs; new connections to a VIP from outside them are masqueraded")

@@ -379,11 +379,9 @@ func waitVerifyOn(t testing.TB, name string, timeout time.Duration) {
 	p := steelyardPodOn(t, name)
 	deadline := time.Now().Add(timeout)
 	for {
+		// No --mode: the DaemonSet's STEELYARD_MODE gives verify the
+		// agent's mode (a run with STEELYARD_NODE_MODE=nftables checks it).
 		argv := []string{"-n", "steelyard", "exec", p.Name, "-c", "steelyard", "--", "steelyard", "verify"}
-		if agentMode != "" {
-			// verify's --mode defaults to iptables, not to the agent's.
-			argv = append(argv, "--mode="+agentMode)
-		}
 		out, err := node.Kubectl(t.Context(), argv...)
 		if err == nil {
 			return

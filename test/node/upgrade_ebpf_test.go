@@ -208,7 +208,7 @@ func (d *dialer) waitLines(m, n int, timeout time.Duration) []dialLine {
 
 // summary counts the lines' answers, failures (with one example each),
 // and the local ports of the connections that succeeded.
-func summary(lines []dialLine) (names map[string]int, fails map[string]int, ports map[string]bool) {
+func tallyDials(lines []dialLine) (names map[string]int, fails map[string]int, ports map[string]bool) {
 	names, fails, ports = map[string]int{}, map[string]int{}, map[string]bool{}
 	for _, l := range lines {
 		if l.Err != "" {
@@ -309,7 +309,7 @@ func TestHelmEBPFModeOnNode(t *testing.T) {
 	// iptables mode: the same connections go through DNAT, so the check
 	// below would see them.
 	before := d.waitLines(0, 200, 20*time.Second)
-	_, _, ports := summary(before)
+	_, _, ports := tallyDials(before)
 	seen := 0
 	for p := range conntrackPorts(t, vip.Addr()) {
 		if ports[p] {
@@ -357,7 +357,7 @@ func TestHelmEBPFModeOnNode(t *testing.T) {
 
 	m := d.mark()
 	win := d.waitLines(m, 2000, 60*time.Second)
-	names, fails, ports := summary(win)
+	names, fails, ports := tallyDials(win)
 	ok := names["web-0"] + names["web-1"]
 	tol := sandbox.ShareTolerance(10, ok, 4)
 	share := 100 * float64(names["web-0"]) / float64(max(ok, 1))
@@ -425,7 +425,7 @@ func TestHelmEBPFModeOnNode(t *testing.T) {
 	d.stop()
 
 	all := d.since(0)
-	names, fails, _ = summary(all)
+	names, fails, _ = tallyDials(all)
 	t.Logf("%d connections from the client pod in %.1f s, across both upgrades: %v, failed %v", len(all), float64(all[len(all)-1].MS)/1000, names, fails)
 	if len(fails) > 0 {
 		t.Errorf("new connections failed across the upgrades: %v", fails)
