@@ -53,7 +53,9 @@ var proxies = []string{"steelyard-iptables", "steelyard-nftables", "kube-proxy",
 // extraControllers are the kube-controller-manager controllers the suite
 // needs beyond the node's own set: the Service tests create their
 // backends as ReplicationControllers and Jobs and read Endpoints.
-var extraControllers = []string{"replicationcontroller-controller", "endpoints-controller", "job-controller", "disruption-controller"}
+// service-cidr-controller marks a new ServiceCIDR ready ("Service CIDRs
+// should create Services and serve on different Service CIDRs").
+var extraControllers = []string{"replicationcontroller-controller", "endpoints-controller", "job-controller", "disruption-controller", "service-cidr-controller"}
 
 type config struct {
 	imagesDir,
@@ -339,6 +341,10 @@ func runProxy(ctx context.Context, cfg config, rules List, proxy, e2e, ginkgo st
 		"--report-dir="+dir,
 		"--dump-logs-on-failure=false",
 		"--allowed-not-ready-nodes=0",
+		// e2e.test counts the nodes only in ginkgo's first process; the
+		// others keep -1 and every "Requires at least 2 nodes" spec they
+		// run skips itself (as upstream's hack/ginkgo-e2e.sh, give it).
+		fmt.Sprintf("--num-nodes=%d", cfg.nodes),
 	)
 	logPath := filepath.Join(dir, "ginkgo.log")
 	lf, err := os.Create(logPath)

@@ -123,7 +123,12 @@ func TestRenderBenchK8s(t *testing.T) {
 // from the self-skipped, not run counted, and the specs steelyard fails
 // where kube-proxy passes named.
 func TestRenderConformance(t *testing.T) {
-	got := render(t, "conformance", "")
+	root, _ := filepath.Abs("testdata/root")
+	lines, err := renderConformance(root, root, filepath.Join(root, "docs", "conformance.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(lines, "\n")
 	for _, want := range []string{
 		"| steelyard-iptables | 1 | 1 | 1 | 1 | 1 | 641 s | 1 | abc1234-dirty, 2026-12-05 | 2.00 2.10 2.20 |",
 		"| kube-proxy | 2 | 0 | 1 | 1 | 0 | 581 s | 1 | abc1234, 2026-12-05 | 1.00 1.10 1.20 |",
@@ -190,12 +195,20 @@ func TestRenderConformanceFromWrite(t *testing.T) {
 	if _, err := summary.Write(filepath.Join(root, "docs", "conformance"), s); err != nil {
 		t.Fatal(err)
 	}
-	lines, err := renderConformance(root, root, filepath.Join(root, "README.md"))
+	lines, err := renderConformance(root, root, filepath.Join(root, "docs", "conformance.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got, want := strings.Join(lines, "\n"), "| steelyard-nftables | 1 | 0 | 0 | 1 | 1 | 700 s | 3 | def5678, 2026-12-06 | 0.10 0.20 0.30 |"; !strings.Contains(got, want) {
 		t.Errorf("lacks %q:\n%s", want, got)
+	}
+	// The README's one line says the same counts.
+	lines, err = renderConformance(root, root, filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(lines, "\n"), "3 nodes, def5678, 2026-12-06: steelyard-nftables 1 / 0 / 0 / 1."; len(lines) != 1 || !strings.Contains(got, want) {
+		t.Errorf("README: lacks %q in one line:\n%s", want, got)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 
 	"github.com/steelyard-net/steelyard/test/sandbox"
 )
@@ -69,8 +70,16 @@ func (c *Cluster) makeLAN() error {
 	for k, n := range c.Nodes {
 		if k == 0 {
 			// The sandbox put the one-node address on the dummy; here it
-			// lives on the LAN like every node's.
-			if err := n.NS.IPBatch(fmt.Sprintf("addr del %s/32 dev %s", sandbox.NodeIP, sandbox.NodeDummy)); err != nil {
+			// lives on the LAN like every node's. Deleting a device's last
+			// address flushes its routes, the Service range's too: put it
+			// back, or the first node has no route to a VIP that nothing
+			// DNATs (a Service without endpoints: "network is unreachable"
+			// instead of a refusal, and its own processes cannot even
+			// connect a UDP socket to a VIP).
+			if err := n.NS.IPBatch(
+				fmt.Sprintf("addr del %s/32 dev %s", sandbox.NodeIP, sandbox.NodeDummy),
+				"route replace "+sandbox.VIPRange.String()+" dev "+sandbox.NodeDummy,
+			); err != nil {
 				return err
 			}
 		} else {
@@ -104,6 +113,9 @@ func (c *Cluster) makeLAN() error {
 		// Pods' traffic to other nodes is routed through the node.
 		if err := n.NS.WriteSysctl("net/ipv4/ip_forward", "1"); err != nil {
 			return err
+		}
+		if out, err := n.NS.Exec("ip", "-4", "route", "show", sandbox.VIPRange.String()); err != nil || !strings.Contains(out, "dev "+sandbox.NodeDummy) {
+			return fmt.Errorf("node %s: no route to the Service range %s via %s (%q, %v)", n.Name, sandbox.VIPRange, sandbox.NodeDummy, out, err)
 		}
 	}
 	c.logf("cluster: node LAN %s in %s: %d nodes", NodeLAN, lan.Name, len(c.Nodes))
