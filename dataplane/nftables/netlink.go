@@ -92,15 +92,19 @@ func (o op) object(f fam) knftables.Object {
 // into replays the operations into a knftables transaction.
 func (t *ops) into(tx *knftables.Transaction, f fam) {
 	for _, o := range t.list {
-		obj := o.object(f)
-		switch o.verb {
-		case 'a':
-			tx.Add(obj)
-		case 'f':
-			tx.Flush(obj)
-		default:
-			tx.Delete(obj)
-		}
+		o.replay(tx, o.object(f))
+	}
+}
+
+// replay adds obj to tx with the operation's verb.
+func (o op) replay(tx *knftables.Transaction, obj knftables.Object) {
+	switch o.verb {
+	case 'a':
+		tx.Add(obj)
+	case 'f':
+		tx.Flush(obj)
+	default:
+		tx.Delete(obj)
 	}
 }
 

@@ -129,14 +129,7 @@ func (t *ops) script(newTx func() *knftables.Transaction, f fam) (string, error)
 			continue
 		}
 		flushGroup()
-		switch o.verb {
-		case 'a':
-			tx.Add(obj)
-		case 'f':
-			tx.Flush(obj)
-		default:
-			tx.Delete(obj)
-		}
+		o.replay(tx, obj)
 	}
 	flushGroup()
 	if err := flushTx(); err != nil {
