@@ -131,25 +131,7 @@ func (c *Cluster) makeLAN6() error {
 
 // routePodCIDRs6 is routePodCIDRs for the IPv6 ranges.
 func (c *Cluster) routePodCIDRs6() error {
-	for _, to := range c.Nodes {
-		if !to.PodCIDR6.IsValid() {
-			return fmt.Errorf("node %s has no IPv6 pod range", to.Name)
-		}
-		via := fmt.Sprintf("route replace %s via %s dev ", to.PodCIDR6, to.IP6)
-		for _, from := range c.Nodes {
-			if from == to {
-				continue
-			}
-			if err := from.NS.IPBatch(via + "eth0"); err != nil {
-				return err
-			}
-		}
-		if err := c.LAN.IPBatch(via + lanBridge); err != nil {
-			return err
-		}
-		c.logf("cluster: pod range %s of %s via %s", to.PodCIDR6, to.Name, to.IP6)
-	}
-	return nil
+	return c.routePodRanges("IPv6 ", func(n *Node) (netip.Prefix, netip.Addr) { return n.PodCIDR6, n.IP6 })
 }
 
 // addLANClient6 gives LAN client n (eth0 on the bridge, IPv4 address

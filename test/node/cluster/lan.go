@@ -123,13 +123,20 @@ func (c *Cluster) makeLAN() error {
 }
 
 // routePodCIDRs adds, on every node and in the lan namespace, a route to
-// each other node's pod range via that node's LAN address.
+// each other node's IPv4 pod range via that node's LAN address.
 func (c *Cluster) routePodCIDRs() error {
+	return c.routePodRanges("", func(n *Node) (netip.Prefix, netip.Addr) { return n.PodCIDR, n.IP })
+}
+
+// routePodRanges adds the routes of one family: range gives a node's pod
+// range and LAN address in it; family names it in errors ("" or "IPv6 ").
+func (c *Cluster) routePodRanges(family string, ranges func(*Node) (netip.Prefix, netip.Addr)) error {
 	for _, to := range c.Nodes {
-		if !to.PodCIDR.IsValid() {
-			return fmt.Errorf("node %s has no pod range", to.Name)
+		cidr, ip := ranges(to)
+		if !cidr.IsValid() {
+			return fmt.Errorf("node %s has no %spod range", to.Name, family)
 		}
-		via := fmt.Sprintf("route replace %s via %s dev ", to.PodCIDR, to.IP)
+		via := fmt.Sprintf("route replace %s via %s dev ", cidr, ip)
 		for _, from := range c.Nodes {
 			if from == to {
 				continue
@@ -141,7 +148,7 @@ func (c *Cluster) routePodCIDRs() error {
 		if err := c.LAN.IPBatch(via + lanBridge); err != nil {
 			return err
 		}
-		c.logf("cluster: pod range %s of %s via %s", to.PodCIDR, to.Name, to.IP)
+		c.logf("cluster: pod range %s of %s via %s", cidr, to.Name, ip)
 	}
 	return nil
 }
