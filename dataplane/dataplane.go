@@ -90,12 +90,15 @@ type SyncResult struct {
 	// even if nothing changes (IPVS destinations that drain are deleted
 	// soon after their last connection ends).
 	RequeueAfter time.Duration
+	// Written counts the Service ports the Sync wrote (updated or
+	// removed), where the dataplane counts them.
+	Written int
 }
 
 // Merge combines the results of two Syncs of one request (the two IP
-// families): full if either was, the sooner requeue.
+// families): full if either was, the sooner requeue, the ports of both.
 func (r SyncResult) Merge(o SyncResult) SyncResult {
-	out := SyncResult{Full: r.Full || o.Full, RequeueAfter: r.RequeueAfter}
+	out := SyncResult{Full: r.Full || o.Full, RequeueAfter: r.RequeueAfter, Written: r.Written + o.Written}
 	if o.RequeueAfter > 0 && (out.RequeueAfter <= 0 || o.RequeueAfter < out.RequeueAfter) {
 		out.RequeueAfter = o.RequeueAfter
 	}

@@ -106,7 +106,7 @@ func TestAffinityKeepsEndpointChains(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantHairpin(t, "affinity needs none", nft, "198.19.1.4", "198.19.1.5")
-	o := p.renderPort(p.rec.ports[af.Name])
+	o := p.renderPort(p.eng.Applied(af.Name))
 	eps := 0
 	for c, rules := range o.chains {
 		if strings.HasPrefix(c, epPrefix) {
@@ -124,7 +124,7 @@ func TestAffinityKeepsEndpointChains(t *testing.T) {
 			t.Errorf("affinity port: map %s of %s", m, wm.data(p.f))
 		}
 	}
-	o = p.renderPort(p.rec.ports[plain.Name])
+	o = p.renderPort(p.eng.Applied(plain.Name))
 	for c, rules := range o.chains {
 		if strings.HasPrefix(c, epPrefix) {
 			t.Errorf("port without affinity has endpoint chain %s", c)

@@ -306,8 +306,8 @@ func splitRulesOverNetlink(t *testing.T, p *Proxier, list func() string) {
 	before := list()
 	tx := &ops{}
 	n := 0
-	for _, name := range sortedPorts(p.rec.ports) {
-		o := p.renderPort(p.rec.ports[name])
+	for _, name := range sortedPorts(p.eng.AppliedPorts()) {
+		o := p.renderPort(p.eng.Applied(name))
 		if o.src.AffinitySeconds > 0 {
 			continue // its "saddr @af- goto" rules go through nft, as before
 		}

@@ -60,6 +60,7 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/steelyard-net/steelyard/dataplane"
+	"github.com/steelyard-net/steelyard/dataplane/reconcile"
 )
 
 var log = logrus.WithField("subsys", "nftables")
@@ -171,8 +172,10 @@ type Proxier struct {
 	// NodeAddresses is cfg.NodeAddresses (tests set it directly).
 	NodeAddresses func() []netip.Addr
 
-	// rec is what the last successful Sync wrote: each Service port's
-	// objects and the owners of the shared map elements (record.go).
+	// eng runs the Syncs (the reconcile engine): it records each Service
+	// port's value as last written.
+	eng *reconcile.Engine
+	// rec holds the owners of the shared map elements (record.go).
 	rec *record
 	// hairpin counts the recorded Service ports that need each element of
 	// the hairpin set (hairpin.go).
@@ -181,8 +184,6 @@ type Proxier struct {
 	nodeIPs []string
 	// stale are unused objects to flush and delete once StaleDelay has passed.
 	stale map[staleKey]time.Time
-	// synced is false until a Sync succeeded (the next one is full).
-	synced bool
 	// lastFull is whether the last successful Sync was full.
 	lastFull bool
 	// textRules reads rules with "nft list table" (the real nft).
@@ -219,6 +220,7 @@ func NewProxier(nft knftables.Interface, cfg Config) *Proxier {
 	}
 	return &Proxier{
 		nft: nft, cfg: cfg, f: famOf(cfg.Family), NodeAddresses: cfg.NodeAddresses,
+		eng:     reconcile.New(),
 		rec:     newRecord(),
 		hairpin: map[hairpinKey]int{},
 		stale:   map[staleKey]time.Time{},
@@ -314,7 +316,7 @@ func (p *Proxier) Cleanup() error {
 	p.hairpin = map[hairpinKey]int{}
 	p.stale = map[staleKey]time.Time{}
 	p.nodeIPs = nil
-	p.synced = false
+	p.eng.Reset()
 	p.gen.drop()
 	return nil
 }

@@ -91,7 +91,7 @@ func TestFailedBatchIsRepairedByTheNextSync(t *testing.T) {
 		t.Fatalf("first sync: %v, want the commit's error", err)
 	}
 	p.nft = nft
-	if got := len(p.rec.ports); got != 2 {
+	if got := len(p.eng.AppliedPorts()); got != 2 {
 		t.Errorf("record holds %d ports after two batches, want 2", got)
 	}
 	if _, err := p.Sync(st, dataplane.PartialSync); err != nil {
@@ -141,7 +141,7 @@ func TestChangedSetIsTrusted(t *testing.T) {
 	if _, err := p.Sync(st, dataplane.SyncRequest{Changed: named("a")}); err != nil {
 		t.Fatal(err)
 	}
-	if got := p.rec.bySvc[a.Name.Service()]; len(got) != 1 || got[0] != a3.Name {
+	if got := p.eng.AppliedOf(a.Name.Service()); len(got) != 1 || got[0] != a3.Name {
 		t.Errorf("ports of a: %v", got)
 	}
 	checkKernel(t, p, dataplane.State{Services: []dataplane.ServicePort{a3, c}})

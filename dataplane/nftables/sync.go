@@ -13,18 +13,20 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/steelyard-net/steelyard/dataplane"
+	"github.com/steelyard-net/steelyard/dataplane/reconcile"
 	"github.com/steelyard-net/steelyard/internal/execx"
 )
 
-// Sync implements dataplane.Dataplane. A partial Sync looks only at the
-// Service ports of req.Changed (the Builder's set; all of them when it is
-// nil): the other ports are taken as unchanged without looking at them.
-// The result asks for another Sync when stale objects wait for their
-// delayed deletion.
+// Sync implements dataplane.Dataplane on the reconcile engine, which
+// decides full or partial, finds the Service ports to write (of
+// req.Changed, the Builder's set; all of them when it is nil), batches
+// them and keeps their record; syncOps below are this dataplane's
+// operations. The result asks for another Sync when stale objects wait
+// for their delayed deletion.
 //
 // A partial sync writes the objects of the changed ports in one
 // transaction. A full sync (the first, or asked for) lists the table's
-// names over netlink (not "nft list" text), rewrites the fixed chains,
+// names over netlink (not "nft list table" text), rewrites the fixed chains,
 // repairs the shared maps from their live elements, rewrites every
 // Service port that changed or lost an object, and marks objects that
 // nothing uses for deletion; into an empty table it runs in transactions of BatchPorts
@@ -33,255 +35,202 @@ import (
 // chains, and compares every Service port with what it wrote
 // (generation.go).
 func (p *Proxier) Sync(s dataplane.State, req dataplane.SyncRequest) (dataplane.SyncResult, error) {
-	if err := p.sync(s, req); err != nil {
-		return dataplane.SyncResult{}, err
-	}
-	return dataplane.SyncResult{Full: p.lastFull, RequeueAfter: p.PendingCleanup()}, nil
-}
-
-func (p *Proxier) sync(s dataplane.State, req dataplane.SyncRequest) error {
 	start := time.Now()
 	p.lastOps = 0
-	full := req.Full || !p.synced
 	// Under the agent's shutdown context: SIGTERM kills an nft in flight
 	// (a killed transaction commits nothing).
 	ctx, cancel := context.WithTimeout(execx.Context(), syncTimeout)
 	defer cancel()
-	if !full && !p.tableThere(ctx) {
-		// "nft flush ruleset" or a deleted table: every object is gone and
-		// a partial sync would write only what changed (the iptables mode's
-		// canary rule, here the table itself).
-		log.Warn("table steelyard is gone (flushed?): full resync")
-		full = true
+	ops := &syncOps{p: p, ctx: ctx}
+	res, err := p.eng.Sync(s, req, ops)
+	if err != nil {
+		return dataplane.SyncResult{}, err
 	}
-	var desired map[dataplane.ServicePortName]*dataplane.ServicePort
-	var todo []dataplane.ServicePortName
-	if !full && req.Changed != nil {
-		desired, todo = p.changedPorts(s, req.Changed)
-	}
-	if desired == nil {
-		desired, todo = p.allPorts(s, req.MayHaveChanged)
-	}
+	p.lastFull = res.Full
+	log.WithFields(logrus.Fields{"full": res.Full, "listed": ops.listing, "services": len(p.eng.AppliedPorts()), "written": res.Written, "took": time.Since(start)}).Debug("synced")
+	return dataplane.SyncResult{Full: res.Full, RequeueAfter: p.PendingCleanup(), Written: res.Written}, nil
+}
+
+// syncOps are the nftables dataplane's operations of one Sync
+// (reconcile.Ops): one transaction per batch.
+type syncOps struct {
+	p   *Proxier
+	ctx context.Context
+	// listing: this full sync lists the table to repair it; batched: it
+	// writes into an empty table, in transactions of BatchPorts ports.
+	listing, batched bool
+	live             *liveNames
+	// rendered holds the objects of every port while a sync that listed
+	// the table compares and repairs them; other syncs render only the
+	// ports they rewrite.
+	rendered map[dataplane.ServicePortName]*portObjects
+	w        *writer
+	tx       *ops
+	nodeIPs  []string
+}
+
+var _ reconcile.Ops = (*syncOps)(nil)
+
+// Wants implements reconcile.Ops: the ports of the table's family.
+func (o *syncOps) Wants(sp *dataplane.ServicePort) bool { return sp.Family() == o.p.cfg.Family }
+
+// Intact implements reconcile.Ops: "nft flush ruleset" or a deleted table
+// removed every object, and a partial sync would write only what changed
+// (the iptables mode's canary rule, here the table itself).
+func (o *syncOps) Intact() bool { return o.p.tableThere(o.ctx) }
+
+// Begin implements reconcile.Ops: it lists the table when a full sync
+// must repair it, and writes the fixed chains and the node addresses.
+func (o *syncOps) Begin(full bool, applied map[dataplane.ServicePortName]*dataplane.ServicePort) (reconcile.Plan, error) {
+	p := o.p
+	synced := p.eng.Synced()
 	// A full resync reads the table to repair what others changed; when
 	// the ruleset generation says nobody committed since our last write,
 	// the table is what we wrote and listing it (seconds at 10,000
 	// Services) would find nothing to repair.
-	listing := full && !(p.synced && p.gen.unchanged(p.cfg.Family))
-	p.lastListed = listing
+	o.listing = full && !(synced && p.gen.unchanged(p.cfg.Family))
+	p.lastListed = o.listing
 	// Only a sync into an empty table (the node's first) runs in batches of
 	// BatchPorts Service ports, so it never holds the nftables lock for the
 	// whole table; there a kill between batches leaves ports missing, not
 	// wrong. Every other sync is one transaction: a SIGTERM measured
 	// mid-way through a batched 5,000-port change left neither the old
 	// state nor the new one.
-	batched := !p.synced && !p.tableThere(ctx)
-	var live *liveNames
-	// rendered holds the objects of every port while a sync that listed
-	// the table compares and repairs them; other syncs render only the
-	// ports they rewrite.
-	var rendered map[dataplane.ServicePortName]*portObjects
-	if listing {
+	o.batched = !synced && !p.tableThere(o.ctx)
+	var plan reconcile.Plan
+	if o.batched {
+		plan.Batch = BatchPorts
+	}
+	if o.listing {
 		gen, gerr := uint32(0), error(nil)
 		if p.gen.read != nil {
 			gen, gerr = p.gen.read()
 		}
 		var err error
-		if live, err = p.listLive(ctx); err != nil {
+		if o.live, err = p.listLive(o.ctx); err != nil {
 			p.gen.drop()
-			return err
+			return plan, err
 		}
 		p.gen.listed(p.cfg.Family, gen, gerr)
-		// A port whose objects are missing from the kernel is rewritten.
-		inTodo := make(map[dataplane.ServicePortName]bool, len(todo))
-		for _, n := range todo {
-			inTodo[n] = true
+		if !o.batched {
+			o.rendered = make(map[dataplane.ServicePortName]*portObjects, len(applied))
 		}
-		if !batched {
-			rendered = make(map[dataplane.ServicePortName]*portObjects, len(p.rec.ports))
-		}
-		for n, sp := range p.rec.ports {
-			if rendered != nil {
-				rendered[n] = p.renderPort(sp)
+		// A port whose objects are missing from the kernel is rewritten
+		// (an empty table has none of them).
+		for n, sp := range applied {
+			if o.rendered != nil {
+				o.rendered[n] = p.renderPort(sp)
 			}
-			// An empty table has none of them.
-			if desired[n] != nil && !inTodo[n] && (batched || !live.hasAll(rendered[n])) {
-				todo = append(todo, n)
+			if o.batched || !o.live.hasAll(o.rendered[n]) {
+				plan.Rewrite = append(plan.Rewrite, n)
 			}
 		}
 	}
-	// Ports that go first: their shared elements (a VIP a new Service
-	// port reuses in the same sync) are free before the new owner writes.
-	slices.SortFunc(todo, func(a, b dataplane.ServicePortName) int {
-		if ga, gb := desired[a] == nil, desired[b] == nil; ga != gb {
-			if ga {
-				return -1
-			}
-			return 1
-		}
-		return strings.Compare(a.String(), b.String())
-	})
-
-	// The writer changes the record's owners in place, journaled below
+	// The writer changes the record's owners in place, journaled
 	// (record.go): a failed commit puts them back.
-	w := &writer{p: p, full: listing, live: live, seen: map[elemID]bool{}, owner: p.rec.owner}
-	tx := &ops{}
-	nodeIPs := p.nodeAddrs()
-	if listing || !p.synced {
-		p.skeleton(tx)
+	o.w = &writer{p: p, full: o.listing, live: o.live, seen: map[elemID]bool{}, owner: p.rec.owner}
+	o.tx = &ops{}
+	o.nodeIPs = p.nodeAddrs()
+	if o.listing || !synced {
+		p.skeleton(o.tx)
 	}
-	if listing || !slices.Equal(nodeIPs, p.nodeIPs) {
-		tx.Flush(&knftables.Set{Name: setNodePortIPs})
-		for _, a := range nodeIPs {
-			tx.Add(&knftables.Element{Set: setNodePortIPs, Key: []string{a}})
+	if o.listing || !slices.Equal(o.nodeIPs, p.nodeIPs) {
+		o.tx.Flush(&knftables.Set{Name: setNodePortIPs})
+		for _, a := range o.nodeIPs {
+			o.tx.Add(&knftables.Element{Set: setNodePortIPs, Key: []string{a}})
 		}
 	}
-	ports := 0
-	run := func() error {
-		if tx.NumOperations() == 0 {
-			p.rec.keep()
-			return nil
+	return plan, nil
+}
+
+// Update implements reconcile.Ops: the difference between the objects
+// rendered from old and from sp. It records the render's copy of sp.
+func (o *syncOps) Update(n dataplane.ServicePortName, old, sp *dataplane.ServicePort) *dataplane.ServicePort {
+	return o.write(n, old, sp)
+}
+
+// Delete implements reconcile.Ops.
+func (o *syncOps) Delete(n dataplane.ServicePortName, old *dataplane.ServicePort) {
+	o.write(n, old, nil)
+}
+
+func (o *syncOps) write(n dataplane.ServicePortName, oldSP, sp *dataplane.ServicePort) *dataplane.ServicePort {
+	p := o.p
+	var old, obj *portObjects
+	if o.rendered != nil {
+		old = o.rendered[n]
+	} else if oldSP != nil {
+		old = p.renderPort(oldSP)
+	}
+	if sp != nil {
+		obj = p.renderPort(sp)
+	}
+	if old != nil {
+		p.rec.touchOwners(old.elems)
+	}
+	var src *dataplane.ServicePort
+	if obj != nil {
+		p.rec.touchOwners(obj.elems)
+		src = obj.src
+	}
+	o.w.port(o.tx, n, old, obj)
+	if o.rendered != nil {
+		if obj == nil {
+			delete(o.rendered, n)
+		} else {
+			o.rendered[n] = obj
 		}
-		// Each transaction has its own timeout: a first sync of 30,000
-		// Services is thirty of them.
-		rctx, rcancel := context.WithTimeout(execx.Context(), syncTimeout)
-		defer rcancel()
-		if err := p.commit(rctx, tx); err != nil {
-			p.rec.undo()
-			p.synced = false // the next sync rewrites everything
-			return fmt.Errorf("nftables: %w", err)
-		}
-		// What is in the kernel now is what the record says.
+	}
+	return src
+}
+
+// Prune implements reconcile.Ops: a sync that listed the table deletes
+// what no port uses. Into an empty table every port was written just now:
+// nothing to repair, nothing stale.
+func (o *syncOps) Prune(map[dataplane.ServicePortName]*dataplane.ServicePort) {
+	if o.listing && !o.batched {
+		o.w.repair(o.tx, o.rendered)
+	}
+}
+
+// Commit implements reconcile.Ops: one transaction. The last one also
+// carries the hairpin set's changes and the deletion of stale objects.
+func (o *syncOps) Commit(last bool) error {
+	p := o.p
+	if last {
+		o.w.hairpinOps(o.tx)
+		o.w.reap(o.tx)
+	}
+	if o.tx.NumOperations() == 0 {
 		p.rec.keep()
-		tx = &ops{}
-		ports = 0
 		return nil
 	}
-	written := 0
-	for _, n := range todo {
-		var old, o *portObjects
-		if rendered != nil {
-			old = rendered[n]
-		} else if sp := p.rec.ports[n]; sp != nil {
-			old = p.renderPort(sp)
-		}
-		if sp := desired[n]; sp != nil {
-			o = p.renderPort(sp)
-		}
-		if old != nil {
-			p.rec.touchOwners(old.elems)
-		}
-		var src *dataplane.ServicePort
-		if o != nil {
-			p.rec.touchOwners(o.elems)
-			src = o.src
-		}
-		w.port(tx, n, old, o)
-		p.rec.setPort(n, src)
-		if rendered != nil {
-			if o == nil {
-				delete(rendered, n)
-			} else {
-				rendered[n] = o
-			}
-		}
-		written++
-		if ports++; batched && ports >= BatchPorts {
-			if err := run(); err != nil {
-				return err
-			}
-		}
+	// Each transaction has its own timeout: a first sync of 30,000
+	// Services is thirty of them.
+	rctx, rcancel := context.WithTimeout(execx.Context(), syncTimeout)
+	defer rcancel()
+	if err := p.commit(rctx, o.tx); err != nil {
+		p.rec.undo()
+		return fmt.Errorf("nftables: %w", err)
 	}
-	// Into an empty table every port was written just now: nothing to
-	// repair, nothing stale.
-	if listing && !batched {
-		w.repair(tx, rendered)
-	}
-	w.hairpinOps(tx)
-	w.reap(tx)
-	if err := run(); err != nil {
-		return err
-	}
-	p.nodeIPs = nodeIPs
-	w.hairpinCommit()
-	for k, t := range w.stale {
-		p.stale[k] = t
-	}
-	for k := range w.reaped {
-		delete(p.stale, k)
-	}
-	p.synced = true
-	p.lastFull = full
-	log.WithFields(logrus.Fields{"full": full, "listed": listing, "services": len(p.rec.ports), "written": written, "took": time.Since(start)}).Debug("synced")
+	// What is in the kernel now is what the record says.
+	p.rec.keep()
+	o.tx = &ops{}
 	return nil
 }
 
-// allPorts returns every Service port of s of this family, and those of
-// them to write: new ones, changed ones among those mayHaveChanged names,
-// and the ports of the record that s no longer has.
-func (p *Proxier) allPorts(s dataplane.State, mayHaveChanged func(dataplane.ServicePortName) bool) (map[dataplane.ServicePortName]*dataplane.ServicePort, []dataplane.ServicePortName) {
-	desired := make(map[dataplane.ServicePortName]*dataplane.ServicePort, len(s.Services))
-	for i := range s.Services {
-		sp := &s.Services[i]
-		if sp.Family() != p.cfg.Family {
-			continue
-		}
-		if _, dup := desired[sp.Name]; dup {
-			log.WithField("service", sp.Name.String()).Warn("Service port listed twice; the first is kept")
-			continue
-		}
-		desired[sp.Name] = sp
+// Done implements reconcile.Ops: the sync's bookkeeping once everything
+// committed.
+func (o *syncOps) Done(bool) {
+	p := o.p
+	p.nodeIPs = o.nodeIPs
+	o.w.hairpinCommit()
+	for k, t := range o.w.stale {
+		p.stale[k] = t
 	}
-	var todo []dataplane.ServicePortName
-	for n, sp := range desired {
-		old := p.rec.ports[n]
-		if old == nil || mayHaveChanged(n) && !old.Equal(sp) {
-			todo = append(todo, n)
-		}
+	for k := range o.w.reaped {
+		delete(p.stale, k)
 	}
-	for n := range p.rec.ports {
-		if desired[n] == nil {
-			todo = append(todo, n)
-		}
-	}
-	return desired, todo
-}
-
-// changedPorts is allPorts of a partial sync that knows the changed
-// Services: it trusts the set (the Builder names every Service whose
-// ports came, changed or went; TestIncrementalEqualsFullBuild checks it)
-// and finds their ports in the sorted State by binary search, so its cost
-// follows the change, not the Services. A port listed twice returns nil,
-// and allPorts sorts it out. A full sync compares every port, which
-// repairs anything a wrong set would have missed.
-func (p *Proxier) changedPorts(s dataplane.State, changed map[dataplane.ServiceName]bool) (map[dataplane.ServicePortName]*dataplane.ServicePort, []dataplane.ServicePortName) {
-	desired := make(map[dataplane.ServicePortName]*dataplane.ServicePort, len(changed))
-	for svc := range changed {
-		ports := s.PortsOf(svc)
-		for i := range ports {
-			sp := &ports[i]
-			if sp.Family() != p.cfg.Family {
-				continue
-			}
-			if _, dup := desired[sp.Name]; dup {
-				return nil, nil
-			}
-			desired[sp.Name] = sp
-		}
-	}
-	var todo []dataplane.ServicePortName
-	for n, sp := range desired {
-		if old := p.rec.ports[n]; old == nil || !old.Equal(sp) {
-			todo = append(todo, n)
-		}
-	}
-	for svc := range changed {
-		for _, n := range p.rec.bySvc[svc] {
-			if desired[n] == nil {
-				todo = append(todo, n)
-			}
-		}
-	}
-	return desired, todo
 }
 
 // commit applies one transaction atomically: over netlink when every
