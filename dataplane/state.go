@@ -262,6 +262,18 @@ type State struct {
 	Services []ServicePort
 }
 
+// Clone returns a copy of s that shares no slice with it: what a
+// dataplane records of a port stays as written when the State it came
+// from is reused.
+func (s *ServicePort) Clone() *ServicePort {
+	c := *s
+	c.Backends = slices.Clone(s.Backends)
+	c.ExternalIPs = slices.Clone(s.ExternalIPs)
+	c.LoadBalancerIPs = slices.Clone(s.LoadBalancerIPs)
+	c.SourceRanges = slices.Clone(s.SourceRanges)
+	return &c
+}
+
 // PortsOf returns the ports of Service n in s, which must be sorted
 // (Sort): a binary search, since the ports of one Service, whose names
 // share the prefix "namespace/name:", are next to each other.

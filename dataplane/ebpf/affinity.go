@@ -23,8 +23,9 @@ import (
 // next use.
 
 // syncMembers makes the members map hold the backends with slots of the
-// affinity ports of want, for the family.
-func syncMembers(m *maps, want map[svcKey]table, family int) error {
+// affinity ports of want, for the family; only, when not nil, limits it to
+// those VIPs (syncTables).
+func syncMembers(m *maps, want map[svcKey]table, family int, only map[svcKey]bool) error {
 	if m.members == nil {
 		return nil // pins of a version without affinity at the socket
 	}
@@ -38,7 +39,7 @@ func syncMembers(m *maps, want map[svcKey]table, family int) error {
 	var k countKey
 	var v member
 	if err := m.members.Each(&k, &v, func() {
-		if familyOf(k.VIP.Addr) == family {
+		if familyOf(k.VIP.Addr) == family && (only == nil || only[k.VIP]) {
 			live[k] = true
 		}
 	}); err != nil {

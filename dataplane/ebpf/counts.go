@@ -178,8 +178,9 @@ type countSync struct {
 }
 
 // prepareCounts creates the counters and names want needs (none when
-// counting is off) and returns the step that prunes the rest.
-func prepareCounts(m *maps, want map[svcKey]table, family int, counting bool) (*countSync, error) {
+// counting is off) and returns the step that prunes the rest; only, when
+// not nil, limits both to those VIPs (syncTables).
+func prepareCounts(m *maps, want map[svcKey]table, family int, counting bool, only map[svcKey]bool) (*countSync, error) {
 	c := &countSync{m: m, family: family, keys: map[countKey]bool{}, names: map[svcKey]nameVal{},
 		live: map[countKey]bool{}, lnames: map[svcKey]nameVal{}}
 	if m.counts == nil || m.names == nil {
@@ -189,7 +190,7 @@ func prepareCounts(m *maps, want map[svcKey]table, family int, counting bool) (*
 		c.keys, c.names = wantCounts(want)
 	}
 	if err := m.counts.Each(func(k countKey, _ uint64) {
-		if familyOf(k.VIP.Addr) == family {
+		if familyOf(k.VIP.Addr) == family && (only == nil || only[k.VIP]) {
 			c.live[k] = true
 		}
 	}); err != nil {
@@ -198,7 +199,7 @@ func prepareCounts(m *maps, want map[svcKey]table, family int, counting bool) (*
 	var k svcKey
 	var n nameVal
 	if err := m.names.Each(&k, &n, func() {
-		if familyOf(k.Addr) == family {
+		if familyOf(k.Addr) == family && (only == nil || only[k]) {
 			c.lnames[k] = n
 		}
 	}); err != nil {

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 
 	"github.com/steelyard-net/steelyard/dataplane"
 	"github.com/steelyard-net/steelyard/dataplane/nftables"
+	"github.com/steelyard-net/steelyard/dataplane/reconcile"
 )
 
 var log = logrus.WithField("subsys", "ebpf")
@@ -51,6 +54,8 @@ type Proxier struct {
 	family int
 	nft    dataplane.Dataplane
 	k      *kernel
+	// eng runs the socket tables' Syncs (the reconcile engine).
+	eng *reconcile.Engine
 	// unloads is set on the IPv4 half: its Cleanup, which runs last,
 	// detaches the programs and unpins the maps.
 	unloads bool
@@ -105,10 +110,10 @@ func memMapsFull() *maps {
 }
 
 func (k *kernel) dualStack(nft *dataplane.DualStack) *dataplane.DualStack {
-	v4 := &Proxier{family: 4, nft: nft.Family(4), k: k, unloads: true}
+	v4 := &Proxier{family: 4, nft: nft.Family(4), k: k, eng: reconcile.New(), unloads: true}
 	var v6 dataplane.Dataplane
 	if nft.IPv6() {
-		v6 = &Proxier{family: 6, nft: nft.Family(6), k: k}
+		v6 = &Proxier{family: 6, nft: nft.Family(6), k: k, eng: reconcile.New()}
 	}
 	return dataplane.NewDualStack(v4, v6)
 }
@@ -162,37 +167,138 @@ func (k *kernel) maps() (*maps, error) {
 
 // Sync implements dataplane.Dataplane: the nftables rules first (they
 // carry every entry point, the clusterIPs too, for sockets outside the
-// cgroup), then the family's tables. The tables are compared whole at
-// every Sync: reading them back is cheap next to the nft transaction.
+// cgroup), then the family's tables on the reconcile engine (tableOps):
+// a full Sync (the nftables half's was full, or the engine's first or
+// after a failure) compares every table with the maps and prunes the
+// rest; a partial one compares and writes the VIPs of the Service ports
+// that changed.
 func (p *Proxier) Sync(s dataplane.State, req dataplane.SyncRequest) (dataplane.SyncResult, error) {
 	res, err := p.nft.Sync(s, req)
 	if err != nil {
 		return res, err
 	}
-	m, err := p.k.maps()
+	ops := &tableOps{p: p}
+	r, err := p.eng.Sync(s, dataplane.SyncRequest{Full: res.Full, Changed: req.Changed}, ops)
 	if err != nil {
 		return res, err
 	}
-	want := desiredTables(s)
-	cs, err := prepareCounts(m, want, p.family, p.k.cfg.CountConnections)
-	if err != nil {
-		return res, fmt.Errorf("socket counters: %w", err)
+	if ops.changed > 0 {
+		log.WithField("family", p.family).WithField("ports", ops.changed).Debug("socket tables written")
 	}
-	if err := syncMembers(m, want, p.family); err != nil {
-		return res, fmt.Errorf("socket affinity: %w", err)
-	}
-	changed, err := syncTables(m, want, p.family)
-	if err != nil {
-		return res, fmt.Errorf("socket tables: %w", err)
-	}
-	if err := cs.prune(); err != nil {
-		return res, fmt.Errorf("socket counters: %w", err)
-	}
-	if changed > 0 {
-		log.WithField("family", p.family).WithField("ports", changed).Debug("socket tables written")
-	}
+	res.Full = res.Full || r.Full
 	return res, nil
 }
+
+// tableOps are the socket tables' operations of one Sync
+// (reconcile.Ops): Update and Delete collect the VIPs to compare, Commit
+// writes them. Each table switches atomically (syncTables), so a failed
+// Sync leaves every VIP on a complete table; the engine then makes the
+// next Sync full, which compares every table with the maps.
+type tableOps struct {
+	p       *Proxier
+	full    bool
+	applied map[dataplane.ServicePortName]*dataplane.ServicePort
+	// only are the VIPs a partial Sync compares.
+	only    map[svcKey]bool
+	changed int
+}
+
+var _ reconcile.Ops = (*tableOps)(nil)
+
+// Wants implements reconcile.Ops: the family's ports the socket programs
+// serve.
+func (o *tableOps) Wants(sp *dataplane.ServicePort) bool {
+	return sp.Family() == o.p.family && socketServed(sp)
+}
+
+// Intact implements reconcile.Ops: the maps are held open (pinned) from
+// the first Sync on; the nftables half finds its table flushed.
+func (o *tableOps) Intact() bool { return true }
+
+// Begin implements reconcile.Ops.
+func (o *tableOps) Begin(full bool, applied map[dataplane.ServicePortName]*dataplane.ServicePort) (reconcile.Plan, error) {
+	o.full, o.applied, o.only = full, applied, map[svcKey]bool{}
+	return reconcile.Plan{}, nil
+}
+
+// Update implements reconcile.Ops.
+func (o *tableOps) Update(n dataplane.ServicePortName, old, sp *dataplane.ServicePort) *dataplane.ServicePort {
+	o.touch(old)
+	o.touch(sp)
+	// A copy: the record must stay what was written when the agent
+	// reuses the State.
+	return sp.Clone()
+}
+
+// Delete implements reconcile.Ops.
+func (o *tableOps) Delete(n dataplane.ServicePortName, old *dataplane.ServicePort) { o.touch(old) }
+
+func (o *tableOps) touch(sp *dataplane.ServicePort) {
+	if sp == nil {
+		return
+	}
+	if key, ok := svcKeyOf(sp.VIP); ok {
+		o.only[key] = true
+	}
+}
+
+// Prune implements reconcile.Ops: a full Sync compares every VIP (Commit).
+func (o *tableOps) Prune(map[dataplane.ServicePortName]*dataplane.ServicePort) {}
+
+// Commit implements reconcile.Ops: the counters, the affinity members and
+// the tables of the VIPs to compare (all of them in a full Sync), as the
+// record now says.
+func (o *tableOps) Commit(bool) error {
+	var only map[svcKey]bool
+	if !o.full {
+		if len(o.only) == 0 {
+			return nil
+		}
+		only = o.only
+	}
+	m, err := o.p.k.maps()
+	if err != nil {
+		return err
+	}
+	want := o.want(only)
+	cs, err := prepareCounts(m, want, o.p.family, o.p.k.cfg.CountConnections, only)
+	if err != nil {
+		return fmt.Errorf("socket counters: %w", err)
+	}
+	if err := syncMembers(m, want, o.p.family, only); err != nil {
+		return fmt.Errorf("socket affinity: %w", err)
+	}
+	o.changed, err = syncTables(m, want, o.p.family, only)
+	if err != nil {
+		return fmt.Errorf("socket tables: %w", err)
+	}
+	if err := cs.prune(); err != nil {
+		return fmt.Errorf("socket counters: %w", err)
+	}
+	return nil
+}
+
+// want returns the tables of the recorded ports whose VIP is in only (nil:
+// all). Two ports with one VIP: the last by name wins, as in
+// desiredTables over a sorted State.
+func (o *tableOps) want(only map[svcKey]bool) map[svcKey]table {
+	names := make([]dataplane.ServicePortName, 0, len(o.applied))
+	for n, sp := range o.applied {
+		if key, ok := svcKeyOf(sp.VIP); ok && (only == nil || only[key]) {
+			names = append(names, n)
+		}
+	}
+	slices.SortFunc(names, func(a, b dataplane.ServicePortName) int { return strings.Compare(a.String(), b.String()) })
+	out := make(map[svcKey]table, len(names))
+	for _, n := range names {
+		t := tableOf(o.applied[n])
+		out[t.key] = t
+	}
+	return out
+}
+
+// Done implements reconcile.Ops.
+func (o *tableOps) Done(bool) {}
 
 // Counts implements dataplane.Dataplane: the nftables half's counts (node
 // ports, external IPs, sockets outside the cgroup, connected UDP) plus
@@ -242,6 +348,8 @@ func (p *Proxier) Explain() ([]dataplane.ServiceView, error) {
 
 // Cleanup implements dataplane.Dataplane.
 func (p *Proxier) Cleanup() error {
+	// The tables go with the maps: the next Sync writes every one.
+	p.eng.Reset()
 	err := p.nft.Cleanup()
 	if !p.unloads {
 		return err

@@ -40,32 +40,36 @@ func socketServed(sp *dataplane.ServicePort) bool {
 func desiredTables(s dataplane.State) map[svcKey]table {
 	out := map[svcKey]table{}
 	for i := range s.Services {
-		sp := &s.Services[i]
-		if !socketServed(sp) {
-			continue
+		if sp := &s.Services[i]; socketServed(sp) {
+			t := tableOf(sp)
+			out[t.key] = t
 		}
-		key, _ := svcKeyOf(sp.VIP)
-		bs := sp.InternalBackends()
-		weights := make([]float64, len(bs))
-		for j, b := range bs {
-			weights[j] = b.Weight
-		}
-		counts, n := Fill(weights)
-		t := table{key: key, slots: make([]backendVal, 0, n), name: dataplane.ShortName(sp.Name.String(), nameSize)}
-		for j, b := range bs {
-			for range counts[j] {
-				t.slots = append(t.slots, backendVal{Addr: b.IP, Port: b.Port})
-			}
-		}
-		if sp.AffinitySeconds > 0 {
-			t.affinity = uint32(sp.AffinitySeconds)
-			for _, b := range bs {
-				t.members = append(t.members, backendVal{Addr: b.IP, Port: b.Port})
-			}
-		}
-		out[key] = t
 	}
 	return out
+}
+
+// tableOf returns the table of a Service port the socket programs serve.
+func tableOf(sp *dataplane.ServicePort) table {
+	key, _ := svcKeyOf(sp.VIP)
+	bs := sp.InternalBackends()
+	weights := make([]float64, len(bs))
+	for j, b := range bs {
+		weights[j] = b.Weight
+	}
+	counts, n := Fill(weights)
+	t := table{key: key, slots: make([]backendVal, 0, n), name: dataplane.ShortName(sp.Name.String(), nameSize)}
+	for j, b := range bs {
+		for range counts[j] {
+			t.slots = append(t.slots, backendVal{Addr: b.IP, Port: b.Port})
+		}
+	}
+	if sp.AffinitySeconds > 0 {
+		t.affinity = uint32(sp.AffinitySeconds)
+		for _, b := range bs {
+			t.members = append(t.members, backendVal{Addr: b.IP, Port: b.Port})
+		}
+	}
+	return t
 }
 
 // liveTables reads the services and slots maps back. A services entry
@@ -107,7 +111,11 @@ func liveTables(m *maps) (map[svcKey]table, map[svcKey]svcVal, map[uint32][]uint
 // of its services entry, so a connect() sees the old table or the new,
 // never a mix; then the old table is deleted. A failure leaves every
 // port on a complete table (the old or the new one).
-func syncTables(m *maps, want map[svcKey]table, family int) (changed int, err error) {
+//
+// only, when not nil, limits the sync to those keys (a partial Sync: the
+// VIPs of the Service ports it writes; want has no others): the entries of
+// other keys are neither compared nor deleted.
+func syncTables(m *maps, want map[svcKey]table, family int, only map[svcKey]bool) (changed int, err error) {
 	live, vals, ids, err := liveTables(m)
 	if err != nil {
 		return 0, err
@@ -155,7 +163,7 @@ func syncTables(m *maps, want map[svcKey]table, family int) (changed int, err er
 		}
 	}
 	for key, v := range vals {
-		if _, ok := want[key]; ok {
+		if _, ok := want[key]; ok || only != nil && !only[key] {
 			continue
 		}
 		if err := m.services.Delete(key); err != nil {

@@ -47,7 +47,7 @@ func TestSyncTables(t *testing.T) {
 		port("198.18.0.10", map[string]float64{"198.19.1.2": 10, "198.19.1.3": 90}),
 		port("198.18.0.11", map[string]float64{"198.19.2.2": 1, "198.19.2.3": 0}),
 	}}
-	if _, err := syncTables(m, desiredTables(s), 4); err != nil {
+	if _, err := syncTables(m, desiredTables(s), 4, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := counts(t, m, "198.18.0.10"); got["198.19.1.2"] != 1 || got["198.19.1.3"] != 9 {
@@ -57,12 +57,12 @@ func TestSyncTables(t *testing.T) {
 		t.Errorf("1/0: slots %v, want the weight-0 backend left out", got)
 	}
 	// Unchanged: nothing written.
-	if n, err := syncTables(m, desiredTables(s), 4); err != nil || n != 0 {
+	if n, err := syncTables(m, desiredTables(s), 4, nil); err != nil || n != 0 {
 		t.Errorf("second sync changed %d ports (%v), want 0", n, err)
 	}
 	// A change: a new table, the old one gone; a removed port: gone.
 	s.Services = []dataplane.ServicePort{port("198.18.0.10", map[string]float64{"198.19.1.2": 1, "198.19.1.3": 1})}
-	if n, err := syncTables(m, desiredTables(s), 4); err != nil || n != 2 {
+	if n, err := syncTables(m, desiredTables(s), 4, nil); err != nil || n != 2 {
 		t.Errorf("changed %d ports (%v), want 2", n, err)
 	}
 	if got := counts(t, m, "198.18.0.10"); got["198.19.1.2"] != 1 || got["198.19.1.3"] != 1 {
@@ -76,7 +76,7 @@ func TestSyncTables(t *testing.T) {
 	}
 	// The other family's entries are not this Sync's to remove.
 	v6 := dataplane.State{Services: []dataplane.ServicePort{port("2001:2::10", map[string]float64{"2001:2::1:2": 1})}}
-	if _, err := syncTables(m, desiredTables(v6), 6); err != nil {
+	if _, err := syncTables(m, desiredTables(v6), 6, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := counts(t, m, "198.18.0.10"); len(got) != 2 {
@@ -89,11 +89,11 @@ func TestSyncTables(t *testing.T) {
 func TestSyncTablesFull(t *testing.T) {
 	m := memMaps(12)
 	s := dataplane.State{Services: []dataplane.ServicePort{port("198.18.0.10", map[string]float64{"198.19.1.2": 10, "198.19.1.3": 90})}}
-	if _, err := syncTables(m, desiredTables(s), 4); err != nil {
+	if _, err := syncTables(m, desiredTables(s), 4, nil); err != nil {
 		t.Fatal(err)
 	}
 	s.Services = []dataplane.ServicePort{port("198.18.0.10", map[string]float64{"198.19.1.2": 1, "198.19.1.3": 2, "198.19.1.4": 3})}
-	if _, err := syncTables(m, desiredTables(s), 4); err == nil {
+	if _, err := syncTables(m, desiredTables(s), 4, nil); err == nil {
 		t.Fatal("a table larger than the map was accepted")
 	}
 	if got := counts(t, m, "198.18.0.10"); got["198.19.1.2"] != 1 || got["198.19.1.3"] != 9 || len(got) != 2 {
@@ -203,7 +203,7 @@ func TestExplainInexactSplit(t *testing.T) {
 		port("198.18.0.10", map[string]float64{"198.19.1.2": 100.0 / 3, "198.19.1.3": 200.0 / 3}),
 	}}
 	want := desiredTables(s)
-	if _, err := syncTables(m, want, 4); err != nil {
+	if _, err := syncTables(m, want, 4, nil); err != nil {
 		t.Fatal(err)
 	}
 	live, _, _, err := liveTables(m)

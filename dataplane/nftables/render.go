@@ -70,7 +70,7 @@ func (p *Proxier) renderPort(sp *dataplane.ServicePort) *portObjects {
 	proto := sp.VIP.Protocol.Lower()
 	pnum := protoNumbers[proto]
 	o := &portObjects{
-		src:     clonePort(sp),
+		src:     sp.Clone(),
 		comment: name,
 		chains:  map[string][]rule{},
 		maps:    map[string]*weightMap{},
@@ -366,13 +366,4 @@ func (p *Proxier) familyCIDRs() []string {
 		}
 	}
 	return out
-}
-
-func clonePort(sp *dataplane.ServicePort) *dataplane.ServicePort {
-	c := *sp
-	c.Backends = slices.Clone(sp.Backends)
-	c.ExternalIPs = slices.Clone(sp.ExternalIPs)
-	c.LoadBalancerIPs = slices.Clone(sp.LoadBalancerIPs)
-	c.SourceRanges = slices.Clone(sp.SourceRanges)
-	return &c
 }
