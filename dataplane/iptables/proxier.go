@@ -18,6 +18,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/steelyard-net/steelyard/dataplane"
+	"github.com/steelyard-net/steelyard/dataplane/reconcile"
 )
 
 var log = logrus.WithField("subsys", "iptables")
@@ -50,8 +51,11 @@ var jumps = []jump{
 type Proxier struct {
 	ipt Interface
 	cfg Config
-	// applied is what the last successful Sync left in the kernel; nil
-	// forces the next Sync to be full (at start and after a failure).
+	// eng runs the Syncs (the reconcile engine).
+	eng *reconcile.Engine
+	// applied is what the last successful Sync left in the kernel (nil
+	// before the first and after a failure, when the engine makes the
+	// next Sync full).
 	applied *Rules
 	// rendered is the last render, whose fragments the next render reuses.
 	rendered *Rules
@@ -80,7 +84,7 @@ var _ dataplane.Dataplane = (*Proxier)(nil)
 
 // NewProxier returns a Proxier writing through ipt.
 func NewProxier(ipt Interface, cfg Config) *Proxier {
-	return &Proxier{ipt: ipt, cfg: cfg}
+	return &Proxier{ipt: ipt, cfg: cfg, eng: reconcile.New()}
 }
 
 // NewDualStack returns the dual-stack iptables dataplane: a Proxier over
@@ -95,76 +99,134 @@ func NewDualStack(ipt4, ipt6 Interface, cfg Config) *dataplane.DualStack {
 	return dataplane.NewDualStack(NewProxier(ipt4, c4), NewProxier(ipt6, c6))
 }
 
-// Sync applies s in one iptables-restore. A partial Sync renders again only
-// the Service ports of req.Changed, writes the chains whose rules changed
-// since the last successful Sync and deletes the chains that are gone. A full Sync trusts no memory: it ensures the jumps
-// from built-in chains, reads the live ruleset, and rewrites every steelyard
-// chain that differs from the desired one (repairing hand edits) and
-// deletes every steelyard chain that should not exist.
+// Sync applies s in one iptables-restore, on the reconcile engine (which
+// decides full or partial: asked, the first Sync, after a failure, or the
+// canary rule gone) with ruleOps as this dataplane's operations. A
+// partial Sync renders again only the Service ports of req.Changed,
+// writes the chains whose rules changed since the last successful Sync
+// and deletes the chains that are gone. A full Sync trusts no memory: it
+// ensures the jumps from built-in chains, reads the live ruleset, and
+// rewrites every steelyard chain that differs from the desired one
+// (repairing hand edits) and deletes every steelyard chain that should
+// not exist.
 func (p *Proxier) Sync(s dataplane.State, req dataplane.SyncRequest) (dataplane.SyncResult, error) {
-	if err := p.sync(s, req); err != nil {
+	o := &ruleOps{p: p, s: s, req: req, start: time.Now()}
+	res, err := p.eng.Sync(s, req, o)
+	if err != nil {
+		p.applied = nil
 		return dataplane.SyncResult{}, err
 	}
-	return dataplane.SyncResult{Full: p.LastSync.Full}, nil
+	return dataplane.SyncResult{Full: p.LastSync.Full, Written: res.Written}, nil
 }
 
-func (p *Proxier) sync(s dataplane.State, req dataplane.SyncRequest) error {
-	start := time.Now()
+// ruleOps are the iptables dataplane's operations of one Sync
+// (reconcile.Ops). The rules of every Service port meet in shared chains
+// (STEELYARD-SERVICES lists every VIP), so they are rendered whole (the
+// fragments of unchanged ports reused) and written by one
+// iptables-restore in Commit; Update and Delete write nothing of their
+// own.
+type ruleOps struct {
+	p     *Proxier
+	s     dataplane.State
+	req   dataplane.SyncRequest
+	start time.Time
+	// canaryMissing: Intact found the canary rule gone.
+	canaryMissing bool
+	full          bool
+	desired       *Rules
+	live          *liveChains
+	stats         SyncStats
+}
+
+var _ reconcile.Ops = (*ruleOps)(nil)
+
+// Wants implements reconcile.Ops: every port of the State (the family's).
+func (o *ruleOps) Wants(*dataplane.ServicePort) bool { return true }
+
+// Intact implements reconcile.Ops: a cheap check that nobody flushed the
+// tables since the last Sync (a firewall reload, "iptables -F"): if so,
+// resync everything now instead of at the next full sync.
+func (o *ruleOps) Intact() bool {
+	ok, err := o.p.canaryInPlace()
+	if err == nil && ok {
+		return true
+	}
+	l := log.WithFields(logrus.Fields{"table": canary.table, "chain": canary.from})
+	if err != nil {
+		// Not "flushed": the check itself failed (measured: the
+		// xtables lock held by another program, TestChaosXtablesLock).
+		l.WithError(err).Warn("cannot check the canary rule: full resync")
+	} else {
+		l.Warn("canary rule missing (tables flushed?): full resync")
+	}
+	o.canaryMissing = true
+	return false
+}
+
+// Begin implements reconcile.Ops: it renders the desired rules and, in a
+// full Sync, reads the live ruleset and ensures the jumps from built-in
+// chains.
+func (o *ruleOps) Begin(full bool, _ map[dataplane.ServicePortName]*dataplane.ServicePort) (reconcile.Plan, error) {
+	p := o.p
+	o.full = full
 	if p.cfg.NodeAddresses != nil {
 		p.cfg.NodePortAddresses = p.cfg.NodeAddresses()
 	}
-	full := req.Full
-	if p.applied == nil {
-		// The first Sync, or the one after a failure: the changed set
-		// is relative to a state the kernel may not hold.
-		full = true
-	}
-	req.Full = full
-	if full {
+	// A Sync asked full or the first (or the one after a failure: the
+	// changed set is relative to a state the kernel may not hold) renders
+	// every port; one made full by the canary reuses the fragments, whose
+	// rules are the same.
+	req := o.req
+	req.Full = full && !o.canaryMissing
+	if req.Full {
 		p.ensureCounter()
 	}
-	desired := renderWith(s, p.cfg, p.rendered, req)
-	p.rendered = desired
-	stats := SyncStats{Render: time.Since(start), RulesTotal: desired.Count()}
+	o.desired = renderWith(o.s, p.cfg, p.rendered, req)
+	p.rendered = o.desired
+	o.stats = SyncStats{Render: time.Since(o.start), RulesTotal: o.desired.Count(), Full: full, CanaryMissing: o.canaryMissing}
 	if !full {
-		// Cheap check that nobody flushed the tables since the last Sync
-		// (a firewall reload, "iptables -F"): if so, resync everything now
-		// instead of at the next full sync.
-		ok, err := p.canaryInPlace()
-		if err != nil || !ok {
-			l := log.WithFields(logrus.Fields{"table": canary.table, "chain": canary.from})
-			if err != nil {
-				// Not "flushed": the check itself failed (measured: the
-				// xtables lock held by another program, TestChaosXtablesLock).
-				l.WithError(err).Warn("cannot check the canary rule: full resync")
-			} else {
-				l.Warn("canary rule missing (tables flushed?): full resync")
-			}
-			full = true
-			stats.CanaryMissing = true
-		}
+		return reconcile.Plan{}, nil
 	}
-	stats.Full = full
+	saved, err := p.ipt.SaveAll()
+	if err != nil {
+		return reconcile.Plan{}, err
+	}
+	o.live, err = cutSaved(saved)
+	if err != nil {
+		return reconcile.Plan{}, fmt.Errorf("parse iptables-save: %w", err)
+	}
+	// Before the restore: a missing target chain is created empty
+	// here and filled by the restore (it differs from the desired one).
+	if err := p.ensureJumps(o.live); err != nil {
+		return reconcile.Plan{}, err
+	}
+	return reconcile.Plan{}, nil
+}
 
+// Update implements reconcile.Ops: the port's rules are in the render.
+// The engine records sp itself, for its changed set only: the rules
+// written are p.applied.
+func (o *ruleOps) Update(_ dataplane.ServicePortName, _, sp *dataplane.ServicePort) *dataplane.ServicePort {
+	return sp
+}
+
+// Delete implements reconcile.Ops: the port's chains are missing from
+// the render, and Commit deletes them.
+func (o *ruleOps) Delete(dataplane.ServicePortName, *dataplane.ServicePort) {}
+
+// Prune implements reconcile.Ops: a full Sync's Commit deletes every live
+// steelyard chain the render lacks.
+func (o *ruleOps) Prune(map[dataplane.ServicePortName]*dataplane.ServicePort) {}
+
+// Commit implements reconcile.Ops: one iptables-restore of the chains that
+// differ (from the live ruleset in a full Sync, from the last render in a
+// partial one).
+func (o *ruleOps) Commit(bool) error {
+	p, desired, stats := o.p, o.desired, &o.stats
 	write := map[Table][]Chain{}
 	remove := map[Table][]Chain{}
-	if full {
-		saved, err := p.ipt.SaveAll()
-		if err != nil {
-			p.applied = nil
-			return err
-		}
-		live, err := cutSaved(saved)
-		if err != nil {
-			p.applied = nil
-			return fmt.Errorf("parse iptables-save: %w", err)
-		}
-		// Before the restore: a missing target chain is created empty
-		// here and filled by the restore (it differs from the desired one).
-		if err := p.ensureJumps(live); err != nil {
-			p.applied = nil
-			return err
-		}
+	if o.full {
+		live := o.live
 		for _, t := range desired.Tables() {
 			// Rewrite only the chains that differ from the kernel: this
 			// repairs hand edits and stale state without paying for a
@@ -196,22 +258,25 @@ func (p *Proxier) sync(s dataplane.State, req dataplane.SyncRequest) error {
 		// partial one found nothing changed): remember it, or after a
 		// restart over rules left in place every Sync would stay full.
 		p.applied = desired
-		p.LastSync = stats
+		p.LastSync = *stats
 		return nil
 	}
 	data := restoreText(desired, write, remove)
 	stats.RestoreBytes = len(data)
 	restoreStart := time.Now()
 	if err := p.ipt.Restore(data); err != nil {
-		// The kernel kept the previous ruleset; rebuild everything next time.
-		p.applied = nil
+		// The kernel kept the previous ruleset; the engine makes the next
+		// Sync full.
 		return err
 	}
 	stats.Restore = time.Since(restoreStart)
 	p.applied = desired
-	p.LastSync = stats
+	p.LastSync = *stats
 	return nil
 }
+
+// Done implements reconcile.Ops.
+func (o *ruleOps) Done(bool) {}
 
 // partialDiff returns the chains that differ between what was applied and
 // what is desired. Service ports whose fragment is shared between the two
@@ -316,6 +381,7 @@ func (p *Proxier) liveRuleset() (*Ruleset, error) {
 // by an older release with other comments go too.
 func (p *Proxier) Cleanup() error {
 	p.applied = nil
+	p.eng.Reset()
 	saved, err := p.ipt.SaveAll()
 	if err != nil {
 		return err

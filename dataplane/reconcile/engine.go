@@ -67,7 +67,8 @@ type Plan struct {
 // calls them in this order within a Sync: Intact (partial Syncs only),
 // Begin, then Update or Delete per port with a Commit after each batch,
 // Prune (full Syncs only) before the last Commit, and Done once
-// everything committed. A failed Begin or Commit ends the Sync.
+// everything committed. A failed Begin or Commit ends the Sync, and the
+// next one is full.
 type Ops interface {
 	// Wants reports whether the dataplane programs sp (its IP family,
 	// what its objects serve).
@@ -208,6 +209,8 @@ func (e *Engine) Sync(s dataplane.State, req dataplane.SyncRequest, ops Ops) (Re
 	}
 	plan, err := ops.Begin(full, e.rec.ports)
 	if err != nil {
+		// It may have written (a jump ensured): the next Sync is full.
+		e.synced = false
 		return Result{}, err
 	}
 	for _, n := range plan.Rewrite {

@@ -284,9 +284,21 @@ func TestFailedBeginChangesNothing(t *testing.T) {
 	if e.Synced() || e.Applied(name("ns/a:p")) != nil {
 		t.Error("a Sync that never wrote changed the record")
 	}
+	if _, err := e.Sync(state(a), dataplane.PartialSync, f); err == nil {
+		t.Fatal("no error")
+	}
 	f.beginErr = nil
 	if res, err := e.Sync(state(a), dataplane.PartialSync, f); err != nil || !res.Full {
 		t.Fatalf("%+v, %v", res, err)
+	}
+	// After a success, a failed Begin makes the next Sync full too.
+	f.beginErr = errors.New("cannot list")
+	if _, err := e.Sync(state(a), changed("ns/a"), f); err == nil {
+		t.Fatal("no error")
+	}
+	f.beginErr = nil
+	if res, err := e.Sync(state(a), changed("ns/a"), f); err != nil || !res.Full {
+		t.Fatalf("after a failed Begin: %+v, %v; want full", res, err)
 	}
 	e.Reset()
 	if e.Synced() || len(e.AppliedPorts()) != 0 {
