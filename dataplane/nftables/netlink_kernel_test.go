@@ -87,7 +87,7 @@ func netlinkStates() [][]dataplane.State {
 		for j := range base {
 			var s dataplane.State
 			for i, sp := range base {
-				c := *clonePort(&sp)
+				c := *sp.Clone()
 				m := muts[k]
 				if i > j && k > 0 {
 					m = muts[k-1]
