@@ -222,6 +222,10 @@ func (a *Agent) Sync() error {
 	if changed >= 0 {
 		fields["changed"] = changed
 	}
+	if res.Written > 0 {
+		// Service ports the dataplane wrote (its reconcile engine's count).
+		fields["written"] = res.Written
+	}
 	if oldest, ok := oldestTrigger(drained.Triggers); ok {
 		// From the oldest endpoint change this sync programs (its
 		// last-change-trigger-time) to the sync's start: the API server,
