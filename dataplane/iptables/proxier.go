@@ -207,7 +207,9 @@ func (o *ruleOps) Begin(full bool, _ map[dataplane.ServicePortName]*dataplane.Se
 // The engine records sp itself, for its changed set only: the rules
 // written are p.applied.
 func (o *ruleOps) Update(_ dataplane.ServicePortName, _, sp *dataplane.ServicePort) *dataplane.ServicePort {
-	return sp
+	// A copy: a pointer into the State would keep the Builder's whole
+	// array of ports alive for as long as this port stays unchanged.
+	return sp.Clone()
 }
 
 // Delete implements reconcile.Ops: the port's chains are missing from

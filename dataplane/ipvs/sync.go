@@ -114,7 +114,9 @@ func (o *vsOps) Begin(full bool, _ map[dataplane.ServicePortName]*dataplane.Serv
 // Update implements reconcile.Ops: the port is in the desired virtual
 // servers. The engine records sp for its changed set only.
 func (o *vsOps) Update(_ dataplane.ServicePortName, _, sp *dataplane.ServicePort) *dataplane.ServicePort {
-	return sp
+	// A copy: a pointer into the State would keep the Builder's whole
+	// array of ports alive for as long as this port stays unchanged.
+	return sp.Clone()
 }
 
 // Delete implements reconcile.Ops: Commit deletes the virtual servers no

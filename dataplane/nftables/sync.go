@@ -77,7 +77,13 @@ func (o *syncOps) Wants(sp *dataplane.ServicePort) bool { return sp.Family() == 
 // Intact implements reconcile.Ops: "nft flush ruleset" or a deleted table
 // removed every object, and a partial sync would write only what changed
 // (the iptables mode's canary rule, here the table itself).
-func (o *syncOps) Intact() bool { return o.p.tableThere(o.ctx) }
+func (o *syncOps) Intact() bool {
+	if o.p.tableThere(o.ctx) {
+		return true
+	}
+	log.Warn("table steelyard is gone (flushed?): full resync")
+	return false
+}
 
 // Begin implements reconcile.Ops: it lists the table when a full sync
 // must repair it, and writes the fixed chains and the node addresses.

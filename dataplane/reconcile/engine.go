@@ -75,6 +75,7 @@ type Ops interface {
 	Wants(sp *dataplane.ServicePort) bool
 	// Intact reports whether the kernel still holds the dataplane's
 	// objects (its table was not flushed): false makes the Sync full.
+	// It logs why it says false.
 	Intact() bool
 	// Begin starts a Sync. applied is the record (read only).
 	Begin(full bool, applied map[dataplane.ServicePortName]*dataplane.ServicePort) (Plan, error)
@@ -183,8 +184,7 @@ func (e *Engine) Reset() {
 func (e *Engine) Sync(s dataplane.State, req dataplane.SyncRequest, ops Ops) (Result, error) {
 	full := req.Full || !e.synced
 	if !full && !ops.Intact() {
-		log.Warn("the dataplane's objects are gone (flushed?): full resync")
-		full = true
+		full = true // Intact logged why, in the dataplane's words
 	}
 	var desired map[dataplane.ServicePortName]*dataplane.ServicePort
 	var todo []dataplane.ServicePortName
