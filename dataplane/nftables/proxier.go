@@ -184,8 +184,6 @@ type Proxier struct {
 	nodeIPs []string
 	// stale are unused objects to flush and delete once StaleDelay has passed.
 	stale map[staleKey]time.Time
-	// lastFull is whether the last successful Sync was full.
-	lastFull bool
 	// textRules reads rules with "nft list table" (the real nft).
 	textRules bool
 	// tableExists, when set, tells whether the table is there (netlink,

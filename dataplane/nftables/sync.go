@@ -46,7 +46,6 @@ func (p *Proxier) Sync(s dataplane.State, req dataplane.SyncRequest) (dataplane.
 	if err != nil {
 		return dataplane.SyncResult{}, err
 	}
-	p.lastFull = res.Full
 	log.WithFields(logrus.Fields{"full": res.Full, "listed": ops.listing, "services": len(p.eng.AppliedPorts()), "written": res.Written, "took": time.Since(start)}).Debug("synced")
 	return dataplane.SyncResult{Full: res.Full, RequeueAfter: p.PendingCleanup(), Written: res.Written}, nil
 }
