@@ -177,10 +177,26 @@ func decodeRule(f fam, es []kexpr, ranges func(string) ([]netip.Prefix, bool)) r
 // next recognises the statement at d.i and how many expressions it takes
 // (0: none).
 func (d *ruleReader) next() (stmt, int) {
-	for _, m := range []func() (stmt, int){d.addrStmt, d.protoStmt, d.numgenStmt, d.dnatStmt, d.markStmt, d.fibStmt, d.hairpinStmt} {
-		if s, n := m(); n > 0 {
-			return s, n
+	var s stmt
+	n := 0
+	switch d.es[d.i].e.(type) {
+	case *expr.Payload:
+		s, n = d.addrStmt()
+	case *expr.Meta:
+		if s, n = d.protoStmt(); n == 0 {
+			s, n = d.markStmt()
 		}
+	case *expr.Numgen:
+		s, n = d.numgenStmt()
+	case *expr.Immediate:
+		s, n = d.dnatStmt()
+	case *expr.Fib:
+		s, n = d.fibStmt()
+	case *expr.Ct:
+		s, n = d.hairpinStmt()
+	}
+	if n > 0 {
+		return s, n
 	}
 	switch x := d.es[d.i].e.(type) {
 	case *expr.Verdict:
