@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strings"
 
+	gnft "github.com/google/nftables"
 	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
 
@@ -23,63 +24,36 @@ import (
 // the map differs from what it wrote; counts of the Service ports that did
 // not change are kept. Ports with ClientIP affinity are not counted.
 
-// Attributes of element expressions x/sys/unix does not name.
-const (
-	nftaSetElemExpr        = 7  // NFTA_SET_ELEM_EXPR: one expression
-	nftaSetElemExpressions = 11 // NFTA_SET_ELEM_EXPRESSIONS: a list
-	nftaCounterPackets     = 2  // NFTA_COUNTER_PACKETS, big-endian u64
-)
-
-// elemCounter reads the packet count of an element's counter expression.
-func elemCounter(ea elemAttrs) (uint64, bool) {
-	var exprs [][]byte
-	if e := ea.get(nftaSetElemExpr); e != nil {
-		exprs = append(exprs, e)
-	}
-	if l := ea.get(nftaSetElemExpressions); l != nil {
-		more, _ := list(l)
-		exprs = append(exprs, more...)
-	}
-	for _, e := range exprs {
-		if strings.TrimRight(string(attrGet(e, unix.NFTA_EXPR_NAME)), "\x00") != "counter" {
-			continue
-		}
-		if v := attrGet(attrGet(e, unix.NFTA_EXPR_DATA), nftaCounterPackets); len(v) == 8 {
-			return binary.BigEndian.Uint64(v), true
-		}
-	}
-	return 0, false
-}
-
 // Counts implements dataplane.Dataplane: one netlink dump of the table's
-// sets, then one of each counted map's elements.
+// sets, then one of each counted map's elements (google/nftables decodes
+// each element's counter).
 func (p *Proxier) Counts() ([]dataplane.EndpointCount, error) {
 	if p.netlink == nil {
 		return nil, nil // a fake kernel has no counters
 	}
-	c, err := netlinkDial()
+	c, err := gnft.New(gnft.AsLasting())
 	if err != nil {
 		return nil, err
 	}
-	defer c.Close()
-	r := &nlReader{c: c, nfProt: unix.NFPROTO_IPV4, elems: map[string][]nlElem{}}
+	defer c.CloseLasting() //nolint:errcheck // read-only
+	table := p.netlink.table
 	alen := 4
 	if p.cfg.Family == 6 {
-		r.nfProt, alen = unix.NFPROTO_IPV6, 16
+		alen = 16
 	}
-	if err := r.readSets(); err != nil {
+	sets, err := setComments(p.f)
+	if err != nil {
 		if isNotFound(err) {
 			return nil, nil
 		}
 		return nil, err
 	}
 	var out []dataplane.EndpointCount
-	for name, s := range r.sets {
+	for name, service := range sets {
 		if !countedMap(name) {
 			continue
 		}
-		service := udataString(s.userdata, byte(userdata.NFTNL_UDATA_SET_COMMENT))
-		es, err := r.setElems(name)
+		es, err := c.GetSetElements(&gnft.Set{Table: table, Name: name})
 		if err != nil {
 			if isNotFound(err) {
 				continue // deleted since the listing
@@ -87,14 +61,14 @@ func (p *Proxier) Counts() ([]dataplane.EndpointCount, error) {
 			return nil, err
 		}
 		for _, e := range es {
-			if !e.counted || e.flags&unix.NFT_SET_ELEM_INTERVAL_END != 0 {
+			if e.Counter == nil || e.IntervalEnd {
 				continue
 			}
 			ep, proto, err := countedElem(e, alen)
 			if err != nil {
 				return nil, fmt.Errorf("nftables: map %s: %w", name, err)
 			}
-			out = append(out, dataplane.EndpointCount{Service: service, Protocol: proto, Endpoint: ep, NewConnections: e.packets})
+			out = append(out, dataplane.EndpointCount{Service: service, Protocol: proto, Endpoint: ep, NewConnections: e.Counter.Packets})
 		}
 	}
 	return dataplane.MergeCounts(out), nil
@@ -103,15 +77,38 @@ func (p *Proxier) Counts() ([]dataplane.EndpointCount, error) {
 // countedElem decodes an element of a counted DNAT map: the key is
 // "numgen value . l4proto" (4 bytes each), the value "address . port"
 // (the port in a register of its own).
-func countedElem(e nlElem, alen int) (netip.AddrPort, dataplane.Protocol, error) {
-	if len(e.key) != 8 || len(e.data) != alen+4 {
-		return netip.AddrPort{}, "", fmt.Errorf("element of key %d and value %d bytes", len(e.key), len(e.data))
+func countedElem(e gnft.SetElement, alen int) (netip.AddrPort, dataplane.Protocol, error) {
+	if len(e.Key) != 8 || len(e.Val) != alen+4 {
+		return netip.AddrPort{}, "", fmt.Errorf("element of key %d and value %d bytes", len(e.Key), len(e.Val))
 	}
-	name, ok := protoNames[e.key[4]]
+	name, ok := protoNames[e.Key[4]]
 	if !ok {
-		return netip.AddrPort{}, "", fmt.Errorf("protocol %d", e.key[4])
+		return netip.AddrPort{}, "", fmt.Errorf("protocol %d", e.Key[4])
 	}
-	a, _ := netip.AddrFromSlice(e.data[:alen])
-	port := binary.BigEndian.Uint16(e.data[alen : alen+2])
+	a, _ := netip.AddrFromSlice(e.Val[:alen])
+	port := binary.BigEndian.Uint16(e.Val[alen : alen+2])
 	return netip.AddrPortFrom(a, port), dataplane.Protocol(strings.ToUpper(name)), nil
+}
+
+// setComments reads the table's sets and their comments (the Service port
+// of a counted map) in one dump. google/nftables v0.3.0's GetSets does
+// not decode a set's comment, so this is the adapter: each set's name and
+// user data, the comment read with its userdata package.
+func setComments(f fam) (map[string]string, error) {
+	c, err := netlinkDial()
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	replies, err := c.get(uint16(unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_GETSET), true, byte(f.nfproto()),
+		[]nlAttr{{unix.NFTA_SET_TABLE, append([]byte(TableName), 0)}})
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(replies))
+	for _, b := range replies {
+		name := strings.TrimRight(string(attrGet(b, unix.NFTA_SET_NAME)), "\x00")
+		out[name], _ = userdata.GetString(attrGet(b, unix.NFTA_SET_USERDATA), userdata.NFTNL_UDATA_SET_COMMENT)
+	}
+	return out, nil
 }

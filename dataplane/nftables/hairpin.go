@@ -27,8 +27,7 @@ const setHairpin = "hairpin"
 // hairpinRule is the rule of the masquerading chain that marks hairpin
 // connections (before the mark is checked).
 func (p *Proxier) hairpinRule() rule {
-	ip := p.f.ip
-	return r(nftOnly("ct status dnat "+ip+" daddr . meta l4proto . th dport . "+ip+" saddr @"+setHairpin), jump(chainMarkMasq))
+	return r(hairpinMatch{}, jump(chainMarkMasq))
 }
 
 // hairpinKey is one element of the hairpin set: an endpoint connecting to

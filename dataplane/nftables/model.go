@@ -325,6 +325,58 @@ func (s updateSaddr) encode(fam, []expr.Any) ([]expr.Any, error) {
 	return nil, errUnsupported{"set update"}
 }
 
+// The fixed chains' statements that Explain reads back from the kernel
+// (masqueradeProblem): written only by nft, recognised by decodeRule.
+
+// markSet: "meta mark set meta mark | 0x4000", with xor "... ^ 0x4000".
+type markSet struct {
+	xor  bool
+	mark uint32
+}
+
+func (s markSet) text(fam) string {
+	op := " | "
+	if s.xor {
+		op = " ^ "
+	}
+	return "meta mark set meta mark" + op + "0x" + strconv.FormatUint(uint64(s.mark), 16)
+}
+
+func (s markSet) encode(fam, []expr.Any) ([]expr.Any, error) {
+	return nil, errUnsupported{"statement " + s.text(fam{})}
+}
+
+// masquerade: "masquerade fully-random".
+type masquerade struct{}
+
+func (masquerade) text(fam) string { return "masquerade fully-random" }
+func (masquerade) encode(fam, []expr.Any) ([]expr.Any, error) {
+	return nil, errUnsupported{"masquerade"}
+}
+
+// hairpinMatch: "ct status dnat ip daddr . meta l4proto . th dport . ip
+// saddr @hairpin" (hairpin.go).
+type hairpinMatch struct{}
+
+func (hairpinMatch) text(f fam) string {
+	return "ct status dnat " + f.ip + " daddr . meta l4proto . th dport . " + f.ip + " saddr @" + setHairpin
+}
+
+func (hairpinMatch) encode(fam, []expr.Any) ([]expr.Any, error) {
+	return nil, errUnsupported{"hairpin match"}
+}
+
+// opaque is what decodeRule makes of expressions that are no statement
+// of the model (the fixed chains' reject, ct state, vmap lookups, or
+// anything another writer put there): the expressions' names. Never
+// written; Explain finds nothing it follows in it.
+type opaque string
+
+func (s opaque) text(fam) string { return "unknown: " + string(s) }
+func (s opaque) encode(fam, []expr.Any) ([]expr.Any, error) {
+	return nil, errUnsupported{"expressions " + string(s)}
+}
+
 func metaL4proto(reg uint32) *expr.Meta { return &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg} }
 
 // protoName is the name nft prints for an IP protocol number.

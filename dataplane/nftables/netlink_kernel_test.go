@@ -188,7 +188,6 @@ func netlinkMatchesNft(t *testing.T) {
 				t.Fatal(err)
 			}
 			ref := NewProxier(nft, cfg)
-			ref.textRules = true
 			if err := ref.Cleanup(); err != nil {
 				t.Fatal(err)
 			}

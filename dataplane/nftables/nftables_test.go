@@ -49,14 +49,16 @@ func newTest(t testing.TB, family int) (*Proxier, knftables.Interface) {
 		cfg := testCfg
 		cfg.Family = family
 		p := NewProxier(nft, cfg)
-		p.textRules = true
+		p.readLive = func() (*liveTable, error) { return readKernel(family) }
 		t.Cleanup(func() { _ = p.Cleanup() })
 		return p, nft
 	}
 	nft := knftables.NewFake(f.nfFamily, TableName)
 	cfg := testCfg
 	cfg.Family = family
-	return NewProxier(nft, cfg), nft
+	p := NewProxier(nft, cfg)
+	fakeLive(p)
+	return p, nft
 }
 
 // sharesOf is what the tracer finds at every clusterIP of p's table (the
@@ -263,7 +265,6 @@ func TestFullSyncRemovesStaleChains(t *testing.T) {
 	}
 	// A restarted agent knows nothing of what was applied.
 	p2 := NewProxier(nft, p.cfg)
-	p2.textRules = p.textRules
 	for range 2 {
 		if _, err := p2.Sync(dataplane.State{Services: []dataplane.ServicePort{a}}, dataplane.FullSync); err != nil {
 			t.Fatal(err)

@@ -132,12 +132,15 @@ type Config struct {
 	CountConnections bool
 }
 
-func (c Config) mark() string {
+func (c Config) mark() string { return fmt.Sprintf("0x%x", c.markBit()) }
+
+// markBit is the masquerade mark as a number.
+func (c Config) markBit() uint32 {
 	bit := c.MasqueradeBit
 	if bit == 0 {
 		bit = DefaultMasqueradeBit
 	}
-	return fmt.Sprintf("0x%x", uint32(1)<<bit)
+	return uint32(1) << bit
 }
 
 // fam holds the spellings that differ between the ip and ip6 families.
@@ -184,8 +187,9 @@ type Proxier struct {
 	nodeIPs []string
 	// stale are unused objects to flush and delete once StaleDelay has passed.
 	stale map[staleKey]time.Time
-	// textRules reads rules with "nft list table" (the real nft).
-	textRules bool
+	// readLive reads the live table for Explain: the kernel's (NewKernel),
+	// or in unit tests the knftables Fake's.
+	readLive func() (*liveTable, error)
 	// tableExists, when set, tells whether the table is there (netlink,
 	// for the real kernel); nil: ask nft (the fake).
 	tableExists func() (bool, error)
@@ -240,7 +244,7 @@ func NewKernel(cfg Config) (*Proxier, error) {
 		return nil, err
 	}
 	p := NewProxier(nft, cfg)
-	p.textRules = true
+	p.readLive = func() (*liveTable, error) { return readKernel(p.cfg.Family) }
 	p.tableExists = netlinkTableExists(p.cfg.Family)
 	p.netlink = newNetlinkWriter(p.cfg.Family)
 	p.gen.read = readGeneration

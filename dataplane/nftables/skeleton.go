@@ -18,7 +18,7 @@ func (p *Proxier) skeleton(tx txn) {
 	for _, c := range p.familyCIDRs() {
 		tx.Add(&knftables.Element{Set: setClusterCIDRs, Key: []string{c}})
 	}
-	mark := p.cfg.mark()
+	mark := p.cfg.markBit()
 	tcp := l4proto(protoNumbers["tcp"])
 	vmapPorts := func(m string) nftOnly { return nftOnly("meta l4proto . th dport vmap @" + m) }
 	vmapAddrPorts := func(m string) nftOnly { return nftOnly(ip + " daddr . meta l4proto . th dport vmap @" + m) }
@@ -27,11 +27,11 @@ func (p *Proxier) skeleton(tx txn) {
 		name  string
 		rules []rule
 	}{
-		{chainMarkMasq, []rule{r(nftOnly("meta mark set meta mark | " + mark))}},
+		{chainMarkMasq, []rule{r(markSet{mark: mark})}},
 		{chainMasquerading, []rule{p.hairpinRule(),
-			r(nftOnly("meta mark & "+mark+" == 0"), vReturn),
-			r(nftOnly("meta mark set meta mark ^ " + mark)),
-			r(nftOnly("masquerade fully-random"))}},
+			r(nftOnly("meta mark & "+p.cfg.mark()+" == 0"), vReturn),
+			r(markSet{xor: true, mark: mark}),
+			r(masquerade{})}},
 		{chainReject, []rule{r(nftOnly("reject"))}},
 		{chainRejectShare, []rule{r(tcp, nftOnly("reject with tcp reset")), r(nftOnly("reject"))}},
 		{chainFilterEndpoints, []rule{
