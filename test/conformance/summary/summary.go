@@ -41,7 +41,9 @@ type Summary struct {
 	// (not listed).
 	OutOfFocus int `json:"out_of_focus"`
 	// Specs are sorted by name.
-	Specs []Spec `json:"specs"`
+	// omitempty: Write marshals the run's fields without them, then the
+	// specs one a line (no second "specs": null key).
+	Specs []Spec `json:"specs,omitempty"`
 }
 
 // Spec results in a Summary.
