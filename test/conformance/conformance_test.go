@@ -103,3 +103,33 @@ func TestParseJUnit(t *testing.T) {
 		t.Errorf("unstarted: %q, want 1", o.Unstarted)
 	}
 }
+
+// The dual-stack specs run on a cluster of several nodes (dual-stack),
+// and are skipped with a reason on one node (single-stack), where they
+// would otherwise fail for every proxy.
+func TestFamilyRules(t *testing.T) {
+	f, err := os.Open("skip.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	l, err := ParseList(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const spec = "[sig-network] [Feature:IPv6DualStack] should create service with ipv6 cluster ip"
+	if run, by := familyRules(l, dualStack(3)).Selected(spec); !run {
+		t.Errorf("3 nodes: %q not run (rule %+v)", spec, by)
+	}
+	run, by := familyRules(l, dualStack(1)).Selected(spec)
+	if run || by == nil || !strings.Contains(by.Reason, "single-stack") {
+		t.Errorf("1 node: %q run %t, rule %+v; want skipped as single-stack", spec, run, by)
+	}
+	if n := len(l.Skip); len(familyRules(l, false).Skip) != n+1 || len(l.Skip) != n {
+		t.Errorf("familyRules changed the list it was given")
+	}
+	const internet = "[sig-network] Networking should provide Internet connection for containers [Feature:Networking-IPv6] [Experimental][LinuxOnly]"
+	if run, _ := familyRules(l, true).Selected(internet); run {
+		t.Errorf("%q runs on a box without Internet", internet)
+	}
+}

@@ -10,7 +10,7 @@
 //	kube-proxy-nftables  the same in nftables mode (a reference)
 //
 // Each proxy gets a fresh cluster of --nodes nodes (test/node/cluster;
-// with more than one, a node LAN and zones a/b/c). The suite runs in a
+// with more than one, a node LAN, zones a/b/c and both IP families). The suite runs in a
 // client namespace on the node LAN ("outside the nodes", like the host of
 // a kind cluster), with --provider=local and a kubeconfig for the API
 // server's address on the first node. Focus and skip come from skip.txt,
@@ -147,6 +147,7 @@ func run(cfg config) error {
 		}
 		rules.Focus = []Rule{{Regex: re, Reason: "--focus"}}
 	}
+	rules = familyRules(rules, dualStack(cfg.nodes))
 	if cfg.manifests, err = filepath.Abs(cfg.manifests); err != nil {
 		return err
 	}
@@ -204,7 +205,7 @@ func run(cfg config) error {
 	run := Summary{
 		Commit: runinfo.Commit(), Date: runinfo.Date(), LoadAvg: runinfo.LoadAvg(),
 		E2E: version(e2e, "--version"), Ginkgo: version(ginkgo, "version"),
-		Nodes: cfg.nodes, Processes: cfg.procs, Focus: cfg.focus,
+		Nodes: cfg.nodes, DualStack: dualStack(cfg.nodes), Processes: cfg.procs, Focus: cfg.focus,
 	}
 	for _, r := range results {
 		if r.err != nil {
@@ -233,6 +234,7 @@ func rerender(dir string, cfg config) error {
 	if err != nil {
 		return err
 	}
+	rules = familyRules(rules, dualStack(cfg.nodes))
 	var results []result
 	for _, p := range proxies {
 		jf, err := os.Open(filepath.Join(dir, p, "junit.xml"))
@@ -294,6 +296,7 @@ func runProxy(ctx context.Context, cfg config, rules List, proxy, e2e, ginkgo st
 		// steelyard's install-cni chains steelyard-cni, which turns
 		// hairpin mode on; kube-proxy's nodes get it from the bridge.
 		BridgeHairpin: !isSteelyard(proxy),
+		DualStack:     dualStack(cfg.nodes),
 	})
 	if err != nil {
 		return r, err
@@ -423,9 +426,9 @@ func installDNS(ctx context.Context, c *cluster.Cluster, dir string) error {
 
 // runnerNS is where ginkgo runs: the sandbox's client of a one-node
 // cluster (its default route is the node), or a client on the node LAN of
-// several, with a route to each node's pod range via that node, as the lan
-// namespace has them (a kind cluster's host reaches node addresses and,
-// routed, pod IPs; never the Service range).
+// several, with a route to each node's pod ranges (both families) via
+// that node, as the lan namespace has them (a kind cluster's host reaches
+// node addresses and, routed, pod IPs; never the Service range).
 func runnerNS(c *cluster.Cluster) (*sandbox.NS, error) {
 	if c.LAN == nil {
 		return c.Sandbox.AddClient(netipZero)
@@ -437,6 +440,11 @@ func runnerNS(c *cluster.Cluster) (*sandbox.NS, error) {
 	for _, n := range c.Nodes {
 		if err := ns.IPBatch(fmt.Sprintf("route add %s via %s dev eth0", n.PodCIDR, n.IP)); err != nil {
 			return nil, err
+		}
+		if n.PodCIDR6.IsValid() {
+			if err := ns.IPBatch(fmt.Sprintf("route add %s via %s dev eth0", n.PodCIDR6, n.IP6)); err != nil {
+				return nil, err
+			}
 		}
 	}
 	return ns, nil
@@ -511,7 +519,11 @@ func checkImages(e2e string) error {
 
 func render(results []result, rules List, e2e, ginkgo string, nodes int) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\nKubernetes e2e Service tests, %s, e2e.test %s, ginkgo %s, %d node(s)\n", time.Now().UTC().Format("2006-01-02"), version(e2e, "--version"), version(ginkgo, "version"), nodes)
+	family := "IPv4 only"
+	if dualStack(nodes) {
+		family = "dual-stack IPv4/IPv6"
+	}
+	fmt.Fprintf(&b, "\nKubernetes e2e Service tests, %s, e2e.test %s, ginkgo %s, %d node(s), %s\n", time.Now().UTC().Format("2006-01-02"), version(e2e, "--version"), version(ginkgo, "version"), nodes, family)
 	fmt.Fprintf(&b, "focus: %d rules, skip: %d rules (%s)\n\n", len(rules.Focus), len(rules.Skip), "test/conformance/skip.txt")
 	fmt.Fprintf(&b, "| proxy | passed | failed | skipped by the test | filtered by skip.txt | not run (time-boxed) | wall time |\n|---|---|---|---|---|---|---|\n")
 	for _, r := range results {

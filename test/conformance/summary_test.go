@@ -76,6 +76,11 @@ func TestSummary(t *testing.T) {
 	if back.Proxy != s.Proxy || len(back.Specs) != len(s.Specs) || back.Specs[0] != s.Specs[0] {
 		t.Errorf("read back %+v", back)
 	}
+	// One "specs" key: a strict reader (jq's --seq, Python's
+	// object_pairs_hook) sees no duplicate.
+	if n := strings.Count(string(b), `"specs"`); n != 1 {
+		t.Errorf("%d \"specs\" keys, want 1:\n%s", n, b)
+	}
 	if n := strings.Count(string(b), "\n  {\"name\""); n != len(s.Specs) {
 		t.Errorf("%d spec lines, want %d:\n%s", n, len(s.Specs), b)
 	}

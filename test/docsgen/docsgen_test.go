@@ -210,6 +210,20 @@ func TestRenderConformanceFromWrite(t *testing.T) {
 	if got, want := strings.Join(lines, "\n"), "3 nodes, def5678, 2026-12-06: steelyard-nftables 1 / 0 / 0 / 1."; len(lines) != 1 || !strings.Contains(got, want) {
 		t.Errorf("README: lacks %q in one line:\n%s", want, got)
 	}
+	// A dual-stack run says so in both.
+	s.DualStack = true
+	if _, err := summary.Write(filepath.Join(root, "docs", "conformance"), s); err != nil {
+		t.Fatal(err)
+	}
+	for file, want := range map[string]string{"conformance.md": "| 700 s | 3, dual-stack | def5678", "README.md": "3 nodes, dual-stack, def5678"} {
+		lines, err := renderConformance(root, root, filepath.Join(root, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Join(lines, "\n"); !strings.Contains(got, want) {
+			t.Errorf("%s: lacks %q:\n%s", file, want, got)
+		}
+	}
 }
 
 // The Gateway summary has a row per report (mode) and a column per profile

@@ -26,10 +26,12 @@ type Summary struct {
 	Date    string `json:"date"`
 	LoadAvg string `json:"loadavg"`
 	// E2E and Ginkgo are the versions that ran; Nodes the number of
-	// Kubernetes nodes, Processes ginkgo's parallelism.
+	// Kubernetes nodes, DualStack whether the cluster ran both IP
+	// families, Processes ginkgo's parallelism.
 	E2E       string `json:"e2e"`
 	Ginkgo    string `json:"ginkgo"`
 	Nodes     int    `json:"nodes"`
+	DualStack bool   `json:"dual_stack"`
 	Processes int    `json:"processes"`
 	// WallSeconds is the suite's wall time; Focus is the --focus that
 	// replaced skip.txt's focus lines ("" for a full run).
@@ -39,7 +41,9 @@ type Summary struct {
 	// (not listed).
 	OutOfFocus int `json:"out_of_focus"`
 	// Specs are sorted by name.
-	Specs []Spec `json:"specs"`
+	// omitempty: Write marshals the run's fields without them, then the
+	// specs one a line (no second "specs": null key).
+	Specs []Spec `json:"specs,omitempty"`
 }
 
 // Spec results in a Summary.
