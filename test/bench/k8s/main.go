@@ -256,4 +256,3 @@ func (r result) summary() string {
 	return fmt.Sprintf("first sync %s, change p50 %s p99 %s, CPU %.1f+%.1f s, peak RSS %d MiB",
 		r.firstSyncCell(), r.latencyCell(0.5), r.latencyCell(0.99), r.cpuSync, r.cpuChanges, r.rssKiB/1024)
 }
-

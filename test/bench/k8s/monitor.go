@@ -161,4 +161,3 @@ func killNamespace(ns string) {
 		}
 	}
 }
-

@@ -242,4 +242,3 @@ func runProxy(ctx context.Context, cfg *config, cp *controlplane.ControlPlane, w
 	}
 	return r
 }
-
