@@ -37,16 +37,20 @@ import (
 	"time"
 
 	"github.com/steelyard-net/steelyard/test/controlplane"
+	"github.com/steelyard-net/steelyard/test/runinfo"
 	"github.com/steelyard-net/steelyard/test/sandbox"
 )
 
 type config struct {
-	services       []int
-	endpoints      int
+	sizes          []size
 	changes        int
-	proxies        []string
+	proxies        []proxy // in the order given; flavour and cgroup set per run
 	flavours       []string
 	nftMax         int
+	iptablesMax    int
+	loadMethod     string
+	runID          string
+	explainTimeout time.Duration
 	bins           binaries
 	loadWorkers    int
 	loadTimeout    time.Duration
@@ -65,12 +69,16 @@ type config struct {
 
 func main() {
 	var (
-		cfg      config
-		services = flag.String("services", "1000,10000", "comma-separated Service counts, one control plane each")
-		proxies  = flag.String("proxies", "steelyard,kube-proxy-iptables,steelyard-nftables,kube-proxy-nftables", "proxies to run: steelyard, kube-proxy-iptables, steelyard-nftables, kube-proxy-nftables")
-		flavours = flag.String("iptables-mode", "legacy,nft", "iptables flavours for steelyard and kube-proxy's iptables mode: legacy, nft or both")
+		cfg       config
+		services  = flag.String("services", "1000,10000", "comma-separated sizes, one control plane each: a Service count, with its endpoints per Service after an x (1000x100; else -endpoints)")
+		proxies   = flag.String("proxies", defaultProxies, "proxies to run: steelyard (iptables), kube-proxy-iptables, steelyard-nftables, steelyard-ebpf, kube-proxy-nftables; a -msp<duration> suffix sets its --min-sync-period (kube-proxy-nftables-msp250ms)")
+		flavours  = flag.String("iptables-mode", "legacy", "iptables flavours for steelyard and kube-proxy's iptables mode: legacy, nft or both")
+		endpoints = flag.Int("endpoints", 10, "endpoints per Service of a size without its own")
 	)
-	flag.IntVar(&cfg.endpoints, "endpoints", 10, "endpoints per Service")
+	flag.IntVar(&cfg.iptablesMax, "iptables-max-services", 1000, "run the iptables modes (steelyard, kube-proxy-iptables) only up to this many Services; 0: no limit")
+	flag.StringVar(&cfg.loadMethod, "load", "etcd", "how the objects are created: etcd (written into etcd as kube-apiserver stores them, seed.go: seconds at 30,000 Services) or api (created through the API: its ClusterIP allocator makes that quadratic)")
+	flag.StringVar(&cfg.runID, "run-id", "", "the run's id in its points (default: its start time, UTC, and the commit)")
+	flag.DurationVar(&cfg.explainTimeout, "explain-timeout", 5*time.Minute, "limit for one explain (or, for kube-proxy, one ruleset listing)")
 	flag.IntVar(&cfg.changes, "changes", 100, "endpoint changes per proxy")
 	flag.IntVar(&cfg.nftMax, "nft-max-services", 1000, "run the nft flavour only up to this many Services (iptables-nft-restore slows down with jumps x chains); 0: no limit")
 	flag.StringVar(&cfg.bins.steelyard, "steelyard", "bin/steelyard", "steelyard binary")
@@ -90,14 +98,24 @@ func main() {
 	flag.Parse()
 
 	var err error
-	if cfg.services, err = parseInts(*services); err != nil {
+	if cfg.sizes, err = parseSizes(*services, *endpoints); err != nil {
 		fail(fmt.Errorf("-services: %w", err))
 	}
-	cfg.proxies = splitList(*proxies)
-	for _, p := range cfg.proxies {
-		if p != proxySteelyard && p != proxyKubeProxyIPTables && p != proxyKubeProxyNFTables && p != proxySteelyardNFTables {
-			fail(fmt.Errorf("-proxies: unknown proxy %q", p))
+	for _, name := range splitList(*proxies) {
+		base, msp, err := minSyncOf(name)
+		if err != nil {
+			fail(fmt.Errorf("-proxies: %w", err))
 		}
+		if !knownProxy(base) {
+			fail(fmt.Errorf("-proxies: unknown proxy %q", name))
+		}
+		cfg.proxies = append(cfg.proxies, proxy{name: base, minSync: msp})
+	}
+	if cfg.loadMethod != "etcd" && cfg.loadMethod != "api" {
+		fail(fmt.Errorf("-load: %q: want etcd or api", cfg.loadMethod))
+	}
+	if cfg.runID == "" {
+		cfg.runID = time.Now().UTC().Format("20060102T150405Z") + "-" + runinfo.Commit()
 	}
 	cfg.flavours = splitList(*flavours)
 	for _, f := range cfg.flavours {
@@ -105,8 +123,8 @@ func main() {
 			fail(fmt.Errorf("-iptables-mode: %q: want legacy or nft", f))
 		}
 	}
-	if cfg.endpoints < 1 || cfg.endpoints > 100 || cfg.changes < 0 || cfg.loadWorkers < 1 {
-		fail(fmt.Errorf("-endpoints 1-100, -changes >= 0, -load-workers >= 1"))
+	if cfg.changes < 0 || cfg.loadWorkers < 1 {
+		fail(fmt.Errorf("-changes >= 0, -load-workers >= 1"))
 	}
 	if !sandbox.IsRoot() {
 		fail(fmt.Errorf("needs root (network namespaces, iptables): run scripts/bench-k8s.sh or use sudo"))
@@ -114,7 +132,7 @@ func main() {
 	if cfg.bins.steelyard, err = filepath.Abs(cfg.bins.steelyard); err != nil {
 		fail(err)
 	}
-	if slices.Contains(cfg.proxies, proxySteelyard) || slices.Contains(cfg.proxies, proxySteelyardNFTables) {
+	if slices.ContainsFunc(cfg.proxies, proxy.steelyard) {
 		if _, err := os.Stat(cfg.bins.steelyard); err != nil {
 			fail(fmt.Errorf("steelyard binary: %w (run `make build`)", err))
 		}
@@ -131,16 +149,17 @@ func main() {
 
 	started := time.Now()
 	load0 := loadAvg()
+	logf("run %s: sizes %v, %d changes per proxy", cfg.runID, cfg.sizes, cfg.changes)
 	var results []result
-	for _, n := range cfg.services {
+	for _, sz := range cfg.sizes {
 		if ctx.Err() != nil {
 			break
 		}
-		rs, err := benchSize(ctx, &cfg, n, bins)
+		rs, err := benchSize(ctx, &cfg, sz, bins)
 		results = append(results, rs...)
 		if err != nil {
-			logf("N=%d: %v", n, err)
-			results = append(results, result{services: n, fail: err.Error()})
+			logf("N=%s: %v", sz, err)
+			results = append(results, result{services: sz.services, endpoints: sz.endpoints, fail: err.Error()})
 		}
 	}
 	printTable(os.Stdout, &cfg, results, load0, loadAvg(), time.Since(started))
@@ -149,9 +168,15 @@ func main() {
 	}
 }
 
+// defaultProxies: steelyard's three modes beside kube-proxy, kube-proxy's
+// nftables mode at its own default --min-sync-period (1 s) and at
+// steelyard's (250 ms).
+const defaultProxies = "steelyard,kube-proxy-iptables,steelyard-nftables,steelyard-ebpf,kube-proxy-nftables,kube-proxy-nftables-msp250ms"
+
 // benchSize runs every proxy configuration against one control plane
-// loaded with n Services.
-func benchSize(ctx context.Context, cfg *config, n int, bins controlplane.Binaries) ([]result, error) {
+// loaded with sz.
+func benchSize(ctx context.Context, cfg *config, sz size, bins controlplane.Binaries) ([]result, error) {
+	n := sz.services
 	vlog := func(string, ...any) {}
 	if cfg.verbose {
 		vlog = logf
@@ -169,7 +194,7 @@ func benchSize(ctx context.Context, cfg *config, n int, bins controlplane.Binari
 		}
 	}()
 	lctx, cancel := context.WithTimeout(ctx, cfg.loadTimeout)
-	w, err := load(lctx, cp, n, cfg.endpoints, cfg.loadWorkers, logf)
+	w, err := load(lctx, cp, n, sz.endpoints, cfg.loadWorkers, cfg.loadMethod, logf)
 	cancel()
 	if err != nil {
 		if lctx.Err() == context.DeadlineExceeded {
@@ -179,20 +204,22 @@ func benchSize(ctx context.Context, cfg *config, n int, bins controlplane.Binari
 	}
 
 	var runs []proxy
-	for _, fl := range cfg.flavours {
-		if fl == "nft" && cfg.nftMax > 0 && n > cfg.nftMax {
-			logf("N=%d: skipping the nft flavour (-nft-max-services %d)", n, cfg.nftMax)
+	for _, p := range cfg.proxies {
+		if p.name != proxySteelyard && p.name != proxyKubeProxyIPTables {
+			runs = append(runs, p)
 			continue
 		}
-		for _, name := range []string{proxySteelyard, proxyKubeProxyIPTables} {
-			if slices.Contains(cfg.proxies, name) {
-				runs = append(runs, proxy{name: name, flavour: fl})
-			}
+		if cfg.iptablesMax > 0 && n > cfg.iptablesMax {
+			logf("N=%s: skipping %s (-iptables-max-services %d)", sz, p.id(), cfg.iptablesMax)
+			continue
 		}
-	}
-	for _, name := range []string{proxySteelyardNFTables, proxyKubeProxyNFTables} {
-		if slices.Contains(cfg.proxies, name) {
-			runs = append(runs, proxy{name: name})
+		for _, fl := range cfg.flavours {
+			if fl == "nft" && cfg.nftMax > 0 && n > cfg.nftMax {
+				logf("N=%s: skipping the nft flavour (-nft-max-services %d)", sz, cfg.nftMax)
+				continue
+			}
+			p.flavour = fl
+			runs = append(runs, p)
 		}
 	}
 	var results []result
@@ -203,9 +230,10 @@ func benchSize(ctx context.Context, cfg *config, n int, bins controlplane.Binari
 		if k > 0 && !sleep(ctx, cfg.settle) {
 			break
 		}
-		logf("N=%d: %s (%s)", n, p.label(), p.flavourLabel())
+		logf("N=%s: %s (%s)", sz, p.label(), p.flavourLabel())
 		r := runProxy(ctx, cfg, cp, w, p, n)
-		logf("N=%d: %s (%s): %s", n, p.label(), p.flavourLabel(), r.summary())
+		r.loadTime = w.loadTime
+		logf("N=%s: %s (%s): %s", sz, p.label(), p.flavourLabel(), r.summary())
 		if err := appendPoint(cfg.points, cfg, r); err != nil {
 			logf("-points: %v", err)
 		}
@@ -216,9 +244,18 @@ func benchSize(ctx context.Context, cfg *config, n int, bins controlplane.Binari
 
 // result is one row of the table.
 type result struct {
-	proxy    proxy
-	services int
-	fail     string // the run could not be measured (start failure, crash)
+	proxy     proxy
+	services  int
+	endpoints int
+	fail      string // the run could not be measured (start failure, crash)
+	loadTime  time.Duration
+
+	// After the run: explain (kube-proxy: its ruleset listed), wall and
+	// CPU seconds, the command timed; the ebpf mode's map memory.
+	explainWall, explainCPU float64
+	explainCmd, explainErr  string
+	mapsMemlock             uint64
+	cpuTotal                float64 // CPU seconds from start to the end of the run
 
 	firstSync    time.Duration
 	firstSyncErr string // "timeout (> 10m)", ...
@@ -253,6 +290,14 @@ func (r result) summary() string {
 	if r.fail != "" {
 		return "failed: " + r.fail
 	}
-	return fmt.Sprintf("first sync %s, change p50 %s p99 %s, CPU %.1f+%.1f s, peak RSS %d MiB",
-		r.firstSyncCell(), r.latencyCell(0.5), r.latencyCell(0.99), r.cpuSync, r.cpuChanges, r.rssKiB/1024)
+	s := fmt.Sprintf("first sync %s, change p50 %s p99 %s (%d), CPU %.1f+%.1f s (total %.1f), peak RSS %d MiB, explain %.2f s (%.2f CPU-s, %s)",
+		r.firstSyncCell(), r.latencyCell(0.5), r.latencyCell(0.99), len(r.latencies), r.cpuSync, r.cpuChanges, r.cpuTotal, r.rssKiB/1024,
+		r.explainWall, r.explainCPU, r.explainCmd)
+	if r.explainErr != "" {
+		s += " explain error: " + r.explainErr
+	}
+	if r.mapsMemlock > 0 {
+		s += fmt.Sprintf(", maps memlock %.1f MiB", float64(r.mapsMemlock)/(1<<20))
+	}
+	return s
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"strconv"
@@ -19,9 +20,12 @@ import (
 type monitor struct {
 	agent   *sandbox.Agent
 	scraper *scraper
-	dump    kernelDump
+	dump    kernelScanner
 	ns      string
-	trace   func(string, ...any) // -v: each step of waitProgrammed
+	// maps, in the ebpf mode, gives the time each address reached the
+	// socket programs' maps (waitMap).
+	maps  *ebpfMaps
+	trace func(string, ...any) // -v: each step of waitProgrammed
 	// watch, in nftables mode, gives the time each address reached the
 	// kernel; without it (iptables) the rules are read back after each sync.
 	watch *nftListener
@@ -81,9 +85,19 @@ func (m *monitor) waitFirstSync(ctx context.Context, want int) (time.Time, int, 
 // With a watch (nftables mode) the latency is instead from t0 to the
 // kernel event that added want: the commit of the transaction, which is
 // what reaching the kernel means; the proxy's sync end follows it.
-func (m *monitor) waitProgrammed(ctx context.Context, limit time.Duration, want string, t0 time.Time) (time.Duration, error) {
+//
+// In the ebpf mode the latency is from t0 to the first poll of the
+// changed port's map entries (1 ms period) that finds want.
+func (m *monitor) waitProgrammed(ctx context.Context, limit time.Duration, want string, vip netip.Addr, t0 time.Time) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
+	if m.maps != nil {
+		tc, err := m.maps.waitMap(ctx, vip, want)
+		if err != nil {
+			return 0, err
+		}
+		return tc.Sub(t0), nil
+	}
 	if m.watch != nil {
 		tc, err := m.watch.wait(ctx, want)
 		if errors.Is(err, errStopped) {
@@ -91,7 +105,7 @@ func (m *monitor) waitProgrammed(ctx context.Context, limit time.Duration, want 
 			// to read, and the latency may then be overstated).
 			logf("%v: reading the rules back after each sync instead", err)
 			m.watch = nil
-			return m.waitProgrammed(ctx, limit, want, t0)
+			return m.waitProgrammed(ctx, limit, want, vip, t0)
 		}
 		if err != nil {
 			return 0, err
@@ -146,6 +160,12 @@ func (m *monitor) waitProgrammed(ctx context.Context, limit time.Duration, want 
 		case <-tick.C:
 		}
 	}
+}
+
+// kernelScanner reads a proxy's rules or maps back: the number of DNAT
+// destinations (map backends) in the pod range, and whether want is one.
+type kernelScanner interface {
+	scan(ctx context.Context, ns, want string) (count int, found bool, err error)
 }
 
 // killNamespace SIGKILLs every process in network namespace ns (all of

@@ -16,7 +16,7 @@ import (
 
 // runProxy measures one proxy configuration in a sandbox of its own.
 func runProxy(ctx context.Context, cfg *config, cp *controlplane.ControlPlane, w *world, p proxy, n int) (r result) {
-	r = result{proxy: p, services: n, changes: cfg.changes}
+	r = result{proxy: p, services: n, endpoints: w.endpoints, changes: cfg.changes}
 	vlog := func(string, ...any) {}
 	if cfg.verbose {
 		vlog = logf
@@ -48,6 +48,20 @@ func runProxy(ctx context.Context, cfg *config, cp *controlplane.ControlPlane, w
 		}
 		defer os.RemoveAll(wrap)
 	}
+	var maps *ebpfMaps
+	if p.name == proxySteelyardEBPF {
+		// Set up before the agent starts, so undone after it stopped.
+		env, err := setupEBPF()
+		if err != nil {
+			r.fail = err.Error()
+			return r
+		}
+		defer env.close()
+		p.cgroupPath, p.pinDir = env.cgroupPath, env.pinDir
+		r.proxy = p
+		maps = &ebpfMaps{pinDir: env.pinDir}
+		defer maps.close()
+	}
 	bin, args := p.command(cfg.bins, cp.Kubeconfig, wrap)
 	start := time.Now()
 	a, err := s.StartAgent(bin, args...)
@@ -60,9 +74,9 @@ func runProxy(ctx context.Context, cfg *config, cp *controlplane.ControlPlane, w
 			logf("%s log (%s), last lines:\n%s", p.label(), a.LogPath, lastLines(a.Log(), 25))
 		}
 		if cfg.logDir != "" {
-			name := fmt.Sprintf("%s-%d.log", p.name, n)
+			name := fmt.Sprintf("%s-%dx%d.log", p.id(), n, w.endpoints)
 			if p.flavour != "" {
-				name = fmt.Sprintf("%s-%s-%d.log", p.name, p.flavour, n)
+				name = fmt.Sprintf("%s-%s-%dx%d.log", p.id(), p.flavour, n, w.endpoints)
 			}
 			if err := os.WriteFile(filepath.Join(cfg.logDir, name), []byte(a.Log()), 0o644); err != nil {
 				logf("saving the log: %v", err)
@@ -79,7 +93,10 @@ func runProxy(ctx context.Context, cfg *config, cp *controlplane.ControlPlane, w
 	pid := a.Pid()
 	sc := newScraper(s.Node, p)
 	defer sc.close()
-	dump := p.kernelDump()
+	var dump kernelScanner = p.kernelDump()
+	if maps != nil {
+		dump = maps
+	}
 	m := &monitor{agent: a, scraper: sc, dump: dump, ns: s.Node.Name}
 	if cfg.verbose {
 		m.trace = logf
@@ -179,7 +196,7 @@ func runProxy(ctx context.Context, cfg *config, cp *controlplane.ControlPlane, w
 			}
 			break
 		}
-		lat, err := m.waitProgrammed(cctx, cfg.changeTimeout, addr, t0)
+		lat, err := m.waitProgrammed(cctx, cfg.changeTimeout, addr, w.vips[i], t0)
 		if err != nil {
 			if err == context.DeadlineExceeded && cctx.Err() == nil {
 				r.changesErr = fmt.Sprintf("timeout (> %s for one change)", fmtLimit(cfg.changeTimeout))
@@ -237,8 +254,26 @@ func runProxy(ctx context.Context, cfg *config, cp *controlplane.ControlPlane, w
 	if rss, err := peakRSS(pid); err == nil {
 		r.rssKiB = rss
 	}
+	if cpu, err := treeCPU(pid); err == nil {
+		r.cpuTotal = cpu
+	}
 	if exited, err := a.Exited(); exited {
 		r.fail = fmt.Sprintf("exited during the run: %v", err)
+		return r
+	}
+	if maps != nil {
+		total, per, err := mapsMemlock(p.pinDir)
+		if err != nil {
+			logf("maps memlock: %v", err)
+		} else {
+			r.mapsMemlock = total
+			logf("maps memlock: %d bytes in all: %v", total, per)
+		}
+	}
+	// Last, with the proxy still running (as on a live node) but outside
+	// its CPU and RSS: explain, or kube-proxy's nearest equivalent.
+	if ctx.Err() == nil {
+		r.explainWall, r.explainCPU, r.explainCmd, r.explainErr = timeExplain(ctx, cfg, s.Node.Name, p)
 	}
 	return r
 }

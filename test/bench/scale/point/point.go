@@ -60,4 +60,26 @@ type Result struct {
 	RulesetBytes     int     `json:"ruleset_bytes,omitempty"`
 	Commit           string  `json:"commit,omitempty"`
 	Date             string  `json:"date,omitempty"`
+
+	// Points of test/bench/k8s since 2026-12-07 also carry these. RunID
+	// names the run (one `make bench-k8s`): test/docsgen compares points
+	// of one run only. Proxy is k8s-bench's -proxies name
+	// ("kube-proxy-nftables-msp250ms"), MinSyncPeriod the proxy's
+	// --min-sync-period (given, or its default). Changes is how many
+	// endpoint changes were measured; ChangeCPU the proxy's CPU seconds
+	// during them divided by that count; TotalCPU its CPU seconds from
+	// start to the end of the run (first sync, changes, quiet period).
+	// Explain and ExplainCPU are then ExplainCmd's wall and CPU seconds
+	// (steelyard explain; kube-proxy has none: its ruleset listed).
+	// MapsMemlock is the ebpf mode's maps' kernel memory (memlock, bytes);
+	// LoadSeconds how long loading the API server took for the size.
+	RunID         string  `json:"run_id,omitempty"`
+	Proxy         string  `json:"proxy,omitempty"`
+	MinSyncPeriod string  `json:"min_sync_period,omitempty"`
+	Changes       int     `json:"changes,omitempty"`
+	ChangeCPU     float64 `json:"change_cpu_s,omitempty"`
+	TotalCPU      float64 `json:"total_cpu_s,omitempty"`
+	ExplainCmd    string  `json:"explain_cmd,omitempty"`
+	MapsMemlock   uint64  `json:"maps_memlock_bytes,omitempty"`
+	LoadSeconds   float64 `json:"load_s,omitempty"`
 }
