@@ -91,7 +91,7 @@ func TestExplainArgv(t *testing.T) {
 		p    proxy
 		want string
 	}{
-		{proxy{name: proxySteelyardEBPF, pinDir: "/p"}, "steelyard explain --mode ebpf --bpf-pin-dir /p"},
+		{proxy{name: proxySteelyardEBPF, pinDir: "/p"}, "steelyard explain --mode ebpf --bpf-pin-dir PINS"},
 		{proxy{name: proxySteelyardNFTables}, "steelyard explain --mode nftables"},
 		{proxy{name: proxySteelyard, flavour: "legacy"}, "steelyard explain --mode iptables --iptables-mode legacy"},
 		{proxy{name: proxyKubeProxyNFTables, minSync: "250ms"}, "nft list ruleset"},
@@ -106,7 +106,7 @@ func TestExplainArgv(t *testing.T) {
 func TestProxyCommand(t *testing.T) {
 	bins := binaries{steelyard: "/s", kubeProxy: "/kp"}
 	_, args := proxy{name: proxyKubeProxyNFTables, minSync: "250ms"}.command(bins, "/kc", "")
-	if got := strings.Join(args, " "); !strings.Contains(got, "--proxy-mode nftables") || !strings.HasSuffix(got, "--min-sync-period 250ms") {
+	if got := strings.Join(args, " "); !strings.Contains(got, "--proxy-mode nftables") || !strings.HasSuffix(got, "--iptables-min-sync-period 250ms") {
 		t.Errorf("kube-proxy: %s", got)
 	}
 	_, args = proxy{name: proxySteelyardEBPF, cgroupPath: "/cg", pinDir: "/pins"}.command(bins, "/kc", "")

@@ -33,7 +33,14 @@ func explainName(argv []string) string {
 	if i := strings.LastIndexByte(name, '/'); i >= 0 {
 		name = name[i+1:]
 	}
-	return strings.Join(append([]string{name}, argv[1:]...), " ")
+	out := []string{name}
+	for i, a := range argv[1:] {
+		if i > 0 && argv[i] == "--bpf-pin-dir" {
+			a = "PINS" // the run's temporary bpffs
+		}
+		out = append(out, a)
+	}
+	return strings.Join(out, " ")
 }
 
 // timeExplain runs explainArgv once in namespace ns: its wall time, its CPU

@@ -182,7 +182,11 @@ func (p proxy) command(bins binaries, kubeconfig, wrapDir string) (string, []str
 		"--conntrack-tcp-timeout-close-wait", "0",
 		"--oom-score-adj", "0",
 	}
-	args = append(args, msp...)
+	if p.minSync != "" {
+		// kube-proxy's flag for it in every mode but ipvs (the config
+		// file's minSyncPeriod; options.go, processV1Alpha1Flags).
+		args = append(args, "--iptables-min-sync-period", p.minSync)
+	}
 	if wrapDir == "" {
 		return bins.kubeProxy, args
 	}
