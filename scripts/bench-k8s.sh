@@ -22,6 +22,10 @@
 #                            go into the docs). Each point names its commit,
 #                            date and load; `make docs` renders the README's
 #                            and docs/' tables from the file.
+#   TRAFFIC_SIZES=all        sizes at which each proxy also runs the traffic
+#                            phase (test/bench/k8s/traffic.go: first byte and
+#                            requests/s through one Service's VIP vs direct to
+#                            a pod), "all", "none" or e.g. 1000,30000
 #   BENCH_ARGS=...           more flags for k8s-bench (see k8s-bench -h),
 #                            e.g. "-log-dir /tmp/logs -v"
 #
@@ -91,5 +95,6 @@ exec bin/k8s-bench \
 	-nft-max-services "${NFT_MAX_SERVICES:-1000}" \
 	-proxies "${PROXIES:-steelyard,kube-proxy-iptables,steelyard-nftables,kube-proxy-nftables}" \
 	-changes "${CHANGES:-100}" \
+	-traffic-sizes "${TRAFFIC_SIZES:-all}" \
 	-points "${POINTS-docs/bench-k8s.jsonl}" \
 	${BENCH_ARGS:-}

@@ -71,9 +71,13 @@ type config struct {
 	points         string
 	idle           time.Duration
 	compareMonitor bool
+	traffic        trafficConfig
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == trafficClientCmd {
+		os.Exit(trafficClient(os.Stdin, os.Stdout))
+	}
 	var (
 		cfg      config
 		services = flag.String("services", "1000,10000", "comma-separated Service counts, one control plane each")
@@ -97,6 +101,7 @@ func main() {
 	flag.BoolVar(&cfg.verbose, "v", false, "log every step (namespaces, control plane, each change) to stderr")
 	flag.StringVar(&cfg.logDir, "log-dir", "", "copy each proxy's log into this directory")
 	flag.StringVar(&cfg.points, "points", "", "append each measured proxy as a JSON line of scale-plot's points to this file (docs/bench-k8s.jsonl: drawn beside the dataplanes' growth)")
+	registerTrafficFlags(&cfg.traffic)
 	flag.Parse()
 
 	var err error
@@ -154,6 +159,7 @@ func main() {
 		}
 	}
 	printTable(os.Stdout, &cfg, results, load0, loadAvg(), time.Since(started))
+	printTraffic(os.Stdout, results)
 	if ctx.Err() != nil {
 		os.Exit(130)
 	}
@@ -257,6 +263,8 @@ type result struct {
 	idle       time.Duration
 	idleSyncs  histogram
 	idleEvents listenerStats
+
+	traffic *trafficResult // the traffic phase (traffic.go), nil when not run
 }
 
 func (r result) summary() string {
@@ -359,6 +367,9 @@ func runProxy(ctx context.Context, cfg *config, cp *controlplane.ControlPlane, w
 	}
 	if !sleep(ctx, cfg.settle) {
 		return r
+	}
+	if cfg.traffic.at(n) {
+		r.traffic = runTraffic(ctx, cfg, s, w, m, p, n, "")
 	}
 
 	// Phase 2: endpoint changes, one at a time. In nftables mode the

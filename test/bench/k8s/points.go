@@ -37,6 +37,7 @@ func toPoint(cfg *config, r result) (p point.Result, ok bool) {
 		p.ChangeP50 = percentile(r.latencies, 0.5).Seconds()
 		p.ChangeP99 = percentile(r.latencies, 0.99).Seconds()
 	}
+	r.traffic.fill(&p)
 	return p, true
 }
 
