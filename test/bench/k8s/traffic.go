@@ -7,9 +7,9 @@ package main
 //
 //   - first byte: connect + the server's first byte of -traffic-conns new
 //     connections per path (p50, p99), VIP and direct alternating;
-//   - requests/s with a new connection per request and with one keepalive
-//     connection per worker, -traffic-duration per path and mode, in
-//     slices that alternate the paths.
+//   - requests/s with a new connection per request and with keepalive
+//     connections, -traffic-duration per path and mode, each worker
+//     alternating VIP and direct request by request (pairedRates).
 //
 // The backends are two pod namespaces of the sandbox (routed /32 veths,
 // 198.19.0.21 and .22, outside the loaded endpoints' 198.19.1.0+), weighted
@@ -56,8 +56,6 @@ const (
 	trafficService = "traffic"
 	trafficWeightA = 10
 	trafficWeightB = 90
-	// trafficRounds: slices per path and mode of the request rates.
-	trafficRounds = 5
 )
 
 var trafficBackends = [2]netip.Addr{netip.MustParseAddr("198.19.0.21"), netip.MustParseAddr("198.19.0.22")}
@@ -171,7 +169,6 @@ func runTraffic(ctx context.Context, cfg *config, s *sandbox.Sandbox, w *world, 
 		Conns:    cfg.traffic.conns,
 		Limit:    cfg.traffic.limit / 3,
 		Duration: cfg.traffic.duration,
-		Rounds:   trafficRounds,
 		Workers:  cfg.traffic.workers,
 		Ready:    cfg.changeTimeout,
 		Timeout:  2 * time.Second,
@@ -422,8 +419,9 @@ func printTraffic(out io.Writer, results []result) {
 	}
 	fmt.Fprintf(out, `first byte: connect + the server's first byte of each new connection, VIP and direct alternating.
 req/s: a new connection per request (connect, first byte, one request, the server's close) and keepalive
-  (one connection per worker, one-byte request and answer), %d slices per path alternating the paths.
-`, trafficRounds)
+  (one connection per path and worker, one-byte request and answer); each worker alternates VIP and direct
+  request by request, a path's req/s = its requests / (the time they took / workers).
+`)
 }
 
 // trafficGoals are the issue's traffic goals as ratios within the run: the

@@ -29,10 +29,9 @@ type trafficJob struct {
 	Conns int           `json:"conns"`
 	Limit time.Duration `json:"limit"`
 	// Duration per path and mode (new connection per request,
-	// keepalive), in Rounds slices that alternate the paths, with
-	// Workers concurrent loops.
+	// keepalive), the paths interleaved request by request in Workers
+	// concurrent loops.
 	Duration time.Duration `json:"duration"`
-	Rounds   int           `json:"rounds"`
 	Workers  int           `json:"workers"`
 	// Ready bounds the wait for the VIP's first answer (the proxy
 	// programs the new Service); Timeout bounds one connection.
@@ -126,21 +125,14 @@ func measureTraffic(ctx context.Context, job trafficJob) trafficOutput {
 		}
 	}
 
-	// Request rates: Rounds slices of Duration/Rounds per path and mode,
-	// the paths' order alternating from round to round.
-	rounds := max(1, job.Rounds)
-	slice := job.Duration / time.Duration(rounds)
-	for k := range rounds {
-		for _, vip := range []bool{k%2 == 0, k%2 != 0} {
-			if vip {
-				out.NewVIP.add(newConnRate(job.VIP, job.Workers, slice, job.Timeout, out.IDs))
-				out.KeepVIP.add(keepaliveRate(job.VIP, job.Workers, slice, job.Timeout))
-			} else {
-				out.NewDirect.add(newConnRate(job.Direct, job.Workers, slice, job.Timeout, nil))
-				out.KeepDirect.add(keepaliveRate(job.Direct, job.Workers, slice, job.Timeout))
-			}
-		}
-	}
+	// Request rates: VIP and direct interleaved request by request
+	// (pairedRates), 2 x Duration per mode.
+	out.NewVIP, out.NewDirect = pairedRates(func() requester {
+		return newConns{vip: job.VIP, direct: job.Direct, timeout: job.Timeout}
+	}, job.Workers, 2*job.Duration, out.IDs)
+	out.KeepVIP, out.KeepDirect = pairedRates(func() requester {
+		return &keepaliveConns{addr: [2]string{job.Direct, job.VIP}, timeout: job.Timeout}
+	}, job.Workers, 2*job.Duration, nil)
 	return out
 }
 

@@ -169,101 +169,133 @@ func (r *rate) add(o rate) {
 	}
 }
 
-// newConnRate runs workers loops of exchange against addr for d and
-// counts the completed requests. ids, when not nil, counts the backend IDs
-// seen.
-func newConnRate(addr string, workers int, d, timeout time.Duration, ids map[string]int) rate {
+// requester makes one request on one path (vip or direct) and returns
+// the answering backend's ID (new connections) or 0 (keepalive).
+type requester interface {
+	request(vip bool) (byte, error)
+	close()
+}
+
+// pairedRates runs workers loops for d. Each iteration makes one request
+// on each path, the order alternating, and times each: a path's Seconds is
+// the time its requests took, summed over the workers and divided by
+// their number, so the two rates share the wall time and every moment's
+// load on the machine. ids, when not nil, counts the backend IDs of the
+// VIP's answers.
+func pairedRates(newWorker func() requester, workers int, d time.Duration, ids map[string]int) (vip, direct rate) {
 	var (
-		mu  sync.Mutex
-		out rate
-		wg  sync.WaitGroup
+		mu sync.Mutex
+		wg sync.WaitGroup
 	)
-	start := time.Now()
-	end := start.Add(d)
+	end := time.Now().Add(d)
 	for range workers {
 		wg.Go(func() {
-			var r rate
+			var r [2]rate // direct, VIP
+			var spent [2]time.Duration
 			seen := map[byte]int{}
-			for time.Now().Before(end) {
-				id, _, err := exchange(addr, timeout)
-				if err != nil {
-					r.Errors++
-					if r.FirstError == "" {
-						r.FirstError = err.Error()
+			req := newWorker()
+			defer req.close()
+			for i := 0; time.Now().Before(end); i++ {
+				for k := range 2 {
+					path := (i + k) % 2 // 1: VIP
+					t := time.Now()
+					id, err := req.request(path == 1)
+					spent[path] += time.Since(t)
+					if err != nil {
+						r[path].Errors++
+						if r[path].FirstError == "" {
+							r[path].FirstError = err.Error()
+						}
+						continue
 					}
-					continue
+					r[path].Requests++
+					if path == 1 && id != 0 {
+						seen[id]++
+					}
 				}
-				r.Requests++
-				seen[id]++
 			}
 			mu.Lock()
-			out.add(r)
+			defer mu.Unlock()
+			for path := range 2 {
+				r[path].Seconds = spent[path].Seconds() / float64(workers)
+			}
+			direct.add(r[0])
+			vip.add(r[1])
 			for id, k := range seen {
 				if ids != nil {
 					ids[string(id)] += k
 				}
 			}
-			mu.Unlock()
 		})
 	}
 	wg.Wait()
-	out.Seconds = time.Since(start).Seconds()
-	return out
+	return vip, direct
 }
 
-// keepaliveRate runs workers connections to addr, each asking request
-// after request for d, and counts the answers.
-func keepaliveRate(addr string, workers int, d, timeout time.Duration) rate {
-	var (
-		mu  sync.Mutex
-		out rate
-		wg  sync.WaitGroup
-	)
-	start := time.Now()
-	end := start.Add(d)
-	for range workers {
-		wg.Go(func() {
-			r := keepalive(addr, end, timeout)
-			mu.Lock()
-			out.add(r)
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	out.Seconds = time.Since(start).Seconds()
-	return out
+// newConns makes each request on a new connection (exchange).
+type newConns struct {
+	vip, direct string
+	timeout     time.Duration
 }
 
-// keepalive is one connection's loop of keepalive requests until end.
-func keepalive(addr string, end time.Time, timeout time.Duration) (r rate) {
-	fail := func(err error) rate {
-		r.Errors++
-		r.FirstError = err.Error()
-		return r
+func (n newConns) request(vip bool) (byte, error) {
+	addr := n.direct
+	if vip {
+		addr = n.vip
 	}
-	c, err := net.DialTimeout("tcp4", addr, timeout)
-	if err != nil {
-		return fail(err)
+	id, _, err := exchange(addr, n.timeout)
+	return id, err
+}
+
+func (newConns) close() {}
+
+// keepaliveConns makes each request on one connection per path, opened
+// at the first request and again after a failure.
+type keepaliveConns struct {
+	addr    [2]string // direct, VIP
+	timeout time.Duration
+	conns   [2]net.Conn
+}
+
+func (k *keepaliveConns) request(vip bool) (byte, error) {
+	path := 0
+	if vip {
+		path = 1
 	}
-	defer c.Close()
 	var b [1]byte
-	c.SetDeadline(time.Now().Add(timeout))
-	if _, err := io.ReadFull(c, b[:]); err != nil {
-		return fail(fmt.Errorf("first byte: %w", err))
-	}
-	req := []byte{reqKeep}
-	for time.Now().Before(end) {
-		c.SetDeadline(time.Now().Add(timeout))
-		if _, err := c.Write(req); err != nil {
-			return fail(err)
+	c := k.conns[path]
+	if c == nil {
+		var err error
+		if c, err = net.DialTimeout("tcp4", k.addr[path], k.timeout); err != nil {
+			return 0, err
 		}
-		if _, err := io.ReadFull(c, b[:]); err != nil || b[0] != reqKeep {
-			return fail(fmt.Errorf("answer %q: %v", b[0], err))
+		c.SetDeadline(time.Now().Add(k.timeout))
+		if _, err := io.ReadFull(c, b[:]); err != nil {
+			c.Close()
+			return 0, fmt.Errorf("first byte: %w", err)
 		}
-		r.Requests++
+		k.conns[path] = c
 	}
-	c.Write([]byte{reqClose})
-	return r
+	c.SetDeadline(time.Now().Add(k.timeout))
+	_, err := c.Write([]byte{reqKeep})
+	if err == nil {
+		_, err = io.ReadFull(c, b[:])
+	}
+	if err != nil || b[0] != reqKeep {
+		c.Close()
+		k.conns[path] = nil
+		return 0, fmt.Errorf("answer %q: %v", b[0], err)
+	}
+	return 0, nil
+}
+
+func (k *keepaliveConns) close() {
+	for _, c := range k.conns {
+		if c != nil {
+			c.Write([]byte{reqClose})
+			c.Close()
+		}
+	}
 }
 
 // waitAnswer retries exchange with addr until one succeeds or ctx ends;
