@@ -81,9 +81,9 @@ func TestTrafficClientLoopback(t *testing.T) {
 		}
 	}
 	// The paths share each mode's 2 x 0.3 s of wall time (less the
-	// loop's own time between requests).
+	// loop's own time, plus the last pair's overrun on a loaded machine).
 	for _, pair := range [][2]rate{{out.NewVIP, out.NewDirect}, {out.KeepVIP, out.KeepDirect}} {
-		if sum := pair[0].Seconds + pair[1].Seconds; sum < 0.2 || sum > 0.7 {
+		if sum := pair[0].Seconds + pair[1].Seconds; sum < 0.3 || sum > 1 {
 			t.Errorf("VIP %.3f s + direct %.3f s = %.3f s, want about 0.6 s", pair[0].Seconds, pair[1].Seconds, sum)
 		}
 	}
@@ -225,16 +225,16 @@ func TestTrafficFigures(t *testing.T) {
 	}
 }
 
-// fakeRequester takes 1 ms through the VIP (answering as backend b) and
-// 2 ms direct, where every third request fails.
+// fakeRequester takes 5 ms through the VIP (answering as backend b) and
+// 15 ms direct, where every third request fails.
 type fakeRequester struct{ n int }
 
 func (f *fakeRequester) request(vip bool) (byte, error) {
 	if vip {
-		time.Sleep(time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
 		return 'b', nil
 	}
-	time.Sleep(2 * time.Millisecond)
+	time.Sleep(15 * time.Millisecond)
 	if f.n++; f.n%3 == 0 {
 		return 0, errors.New("refused")
 	}
@@ -244,19 +244,24 @@ func (f *fakeRequester) request(vip bool) (byte, error) {
 func (*fakeRequester) close() {}
 
 // TestPairedRates: each path's rate is its requests over the time they
-// took, so a path twice as slow shows half the rate although both made the
+// took, so a path three times as slow shows a third of the rate although both made the
 // same number of requests.
 func TestPairedRates(t *testing.T) {
 	ids := map[string]int{}
-	vip, direct := pairedRates(func() requester { return &fakeRequester{} }, 2, 300*time.Millisecond, ids)
+	vip, direct := pairedRates(func() requester { return &fakeRequester{} }, 2, 500*time.Millisecond, ids)
 	if vip.Requests == 0 || vip.Errors != 0 || ids["b"] != vip.Requests {
 		t.Fatalf("VIP %+v, IDs %v", vip, ids)
 	}
-	if all := direct.Requests + direct.Errors; all < vip.Requests-2 || all > vip.Requests+2 || direct.Errors != all/3 || direct.FirstError != "refused" {
-		t.Errorf("direct %+v: want as many requests as the VIP's %d, a third failed", direct, vip.Requests)
+	if all := direct.Requests + direct.Errors; all < vip.Requests-2 || all > vip.Requests+2 || direct.Errors < all/3-2 || direct.Errors > all/3+2 || direct.FirstError != "refused" {
+		t.Errorf("direct %+v: want as many requests as the VIP's %d, a third failed (each worker's every third)", direct, vip.Requests)
 	}
-	// Sleeps overshoot on a loaded machine, so only roughly: about 2x.
-	if r := ratio(vip.perSecond(), float64(direct.Requests+direct.Errors)/direct.Seconds); r < 1.15 || r > 3 {
-		t.Errorf("VIP %.0f/s vs direct %.0f attempts/s: ratio %.2f, want about 2", vip.perSecond(), float64(direct.Requests+direct.Errors)/direct.Seconds, r)
+	// Sleeps overshoot by some ms on a loaded machine: the slower path
+	// shows the lower rate, and the paths share the 0.5 s of wall time.
+	attempts := float64(direct.Requests+direct.Errors) / direct.Seconds
+	if r := ratio(vip.perSecond(), attempts); r < 1.2 {
+		t.Errorf("VIP %.0f/s vs direct %.0f attempts/s: ratio %.2f, want about 3 (at least 1.2)", vip.perSecond(), attempts, r)
+	}
+	if sum := vip.Seconds + direct.Seconds; sum < 0.35 || sum > 0.8 {
+		t.Errorf("VIP %.3f s + direct %.3f s = %.3f s, want about 0.5 s", vip.Seconds, direct.Seconds, sum)
 	}
 }
