@@ -30,6 +30,10 @@
 #                            go into the docs). Each point names its commit,
 #                            date and load; `make docs` renders the README's
 #                            and docs/' tables from the file.
+#   TRAFFIC_SIZES=1000,30000 sizes at which each proxy also runs the traffic
+#                            phase (test/bench/k8s/traffic.go: first byte and
+#                            requests/s through one Service's VIP vs direct to
+#                            a pod), "all", "none" or e.g. 1000,30000
 #   BENCH_ARGS=...           more flags for k8s-bench (see k8s-bench -h),
 #                            e.g. "-log-dir /tmp/logs -v", "-load api"
 #
@@ -114,5 +118,6 @@ exec bin/k8s-bench \
 	-changes "${CHANGES:-60}" \
 	-change-gap "${CHANGE_GAP:-1s}" \
 	-idle "${IDLE:-15s}" \
+	-traffic-sizes "${TRAFFIC_SIZES:-1000,30000}" \
 	-points "${POINTS-docs/bench-k8s.jsonl}" \
 	${BENCH_ARGS:-}

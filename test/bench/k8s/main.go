@@ -65,9 +65,13 @@ type config struct {
 	points         string
 	idle           time.Duration
 	compareMonitor bool
+	traffic        trafficConfig
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == trafficClientCmd {
+		os.Exit(trafficClient(os.Stdin, os.Stdout))
+	}
 	var (
 		cfg       config
 		services  = flag.String("services", "1000,10000", "comma-separated sizes, one control plane each: a Service count, with its endpoints per Service after an x (1000x100; else -endpoints)")
@@ -95,6 +99,7 @@ func main() {
 	flag.BoolVar(&cfg.verbose, "v", false, "log every step (namespaces, control plane, each change) to stderr")
 	flag.StringVar(&cfg.logDir, "log-dir", "", "copy each proxy's log into this directory")
 	flag.StringVar(&cfg.points, "points", "", "append each measured proxy as a JSON line of scale-plot's points to this file (docs/bench-k8s.jsonl: drawn beside the dataplanes' growth)")
+	registerTrafficFlags(&cfg.traffic)
 	flag.Parse()
 
 	var err error
@@ -163,6 +168,7 @@ func main() {
 		}
 	}
 	printTable(os.Stdout, &cfg, results, load0, loadAvg(), time.Since(started))
+	printTraffic(os.Stdout, results)
 	if ctx.Err() != nil {
 		os.Exit(130)
 	}
@@ -284,6 +290,8 @@ type result struct {
 	idle       time.Duration
 	idleSyncs  histogram
 	idleEvents listenerStats
+
+	traffic *trafficResult // the traffic phase (traffic.go), nil when not run
 }
 
 func (r result) summary() string {

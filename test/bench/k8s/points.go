@@ -46,6 +46,7 @@ func toPoint(cfg *config, r result) (p point.Result, ok bool) {
 		p.ChangeP99 = percentile(r.latencies, 0.99).Seconds()
 		p.ChangeCPU = r.cpuChanges / float64(len(r.latencies))
 	}
+	r.traffic.fill(&p)
 	return p, true
 }
 

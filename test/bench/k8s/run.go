@@ -49,6 +49,7 @@ func runProxy(ctx context.Context, cfg *config, cp *controlplane.ControlPlane, w
 		defer os.RemoveAll(wrap)
 	}
 	var maps *ebpfMaps
+	trafficCgroup := ""
 	if p.name == proxySteelyardEBPF {
 		// Set up before the agent starts, so undone after it stopped.
 		env, err := setupEBPF()
@@ -58,6 +59,7 @@ func runProxy(ctx context.Context, cfg *config, cp *controlplane.ControlPlane, w
 		}
 		defer env.close()
 		p.cgroupPath, p.pinDir = env.cgroupPath, env.pinDir
+		trafficCgroup = env.cgroup
 		r.proxy = p
 		maps = &ebpfMaps{pinDir: env.pinDir}
 		defer maps.close()
@@ -123,6 +125,12 @@ func runProxy(ctx context.Context, cfg *config, cp *controlplane.ControlPlane, w
 	}
 	if !sleep(ctx, cfg.settle) {
 		return r
+	}
+	if cfg.traffic.at(n) && firstSize(cfg.sizes, n) == (size{n, w.endpoints}) {
+		// At the first size of n Services only (1000x10, not 1000x100).
+		// The ebpf mode balances the sockets of its sub-cgroup's
+		// processes: the client goes there (k8s-bench is in it too).
+		r.traffic = runTraffic(ctx, cfg, s, w, m, p, n, trafficCgroup)
 	}
 
 	// Phase 2: endpoint changes, one at a time. In nftables mode the
@@ -276,4 +284,14 @@ func runProxy(ctx context.Context, cfg *config, cp *controlplane.ControlPlane, w
 		r.explainWall, r.explainCPU, r.explainCmd, r.explainErr = timeExplain(ctx, cfg, s.Node.Name, p)
 	}
 	return r
+}
+
+// firstSize is the first of sizes with n Services.
+func firstSize(sizes []size, n int) size {
+	for _, s := range sizes {
+		if s.services == n {
+			return s
+		}
+	}
+	return size{}
 }

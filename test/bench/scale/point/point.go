@@ -42,6 +42,20 @@ type Result struct {
 	// until the kernel holds it, p50 and p99 of the run's changes.
 	ChangeP50 float64 `json:"change_kernel_p50_s,omitempty"`
 	ChangeP99 float64 `json:"change_kernel_p99_s,omitempty"`
+	// The traffic phase of test/bench/k8s (-traffic-sizes): a client on
+	// the node, one Service with two real backends. Connect + first byte
+	// of new connections through the VIP and direct to a pod address
+	// (p50, p99), and requests/s with a new connection per request and
+	// with keepalive, through the VIP and direct. Ratios are meaningful
+	// within one point only (one run, the same load).
+	FirstPacketP50       float64 `json:"first_packet_p50_s,omitempty"`
+	FirstPacketP99       float64 `json:"first_packet_p99_s,omitempty"`
+	DirectFirstPacketP50 float64 `json:"direct_first_packet_p50_s,omitempty"`
+	DirectFirstPacketP99 float64 `json:"direct_first_packet_p99_s,omitempty"`
+	RPSNewVIP            float64 `json:"rps_new_vip,omitempty"`
+	RPSNewDirect         float64 `json:"rps_new_direct,omitempty"`
+	RPSKeepaliveVIP      float64 `json:"rps_keepalive_vip,omitempty"`
+	RPSKeepaliveDirect   float64 `json:"rps_keepalive_direct,omitempty"`
 	// LoadAvg is the load average at the end of the run: the 1-minute
 	// figure in older points, the 1, 5 and 15 minute ones since points
 	// carry Commit and Date.
