@@ -51,6 +51,7 @@ type config struct {
 	loadMethod     string
 	runID          string
 	explainTimeout time.Duration
+	perfAt         []int
 	bins           binaries
 	loadWorkers    int
 	loadTimeout    time.Duration
@@ -82,6 +83,7 @@ func main() {
 	flag.IntVar(&cfg.iptablesMax, "iptables-max-services", 1000, "run the iptables modes (steelyard, kube-proxy-iptables) only up to this many Services; 0: no limit")
 	flag.StringVar(&cfg.loadMethod, "load", "etcd", "how the objects are created: etcd (written into etcd as kube-apiserver stores them, seed.go: seconds at 30,000 Services) or api (created through the API: its ClusterIP allocator makes that quadratic)")
 	flag.StringVar(&cfg.runID, "run-id", "", "the run's id in its points (default: its start time, UTC, and the commit)")
+	perfAt := flag.String("perf-at", "", "Service counts at which steelyard's CPU is sampled with perf record during the changes (the first size of each count; needs -log-dir, where the data and the report go)")
 	flag.DurationVar(&cfg.explainTimeout, "explain-timeout", 5*time.Minute, "limit for one explain (or, for kube-proxy, one ruleset listing)")
 	flag.IntVar(&cfg.changes, "changes", 100, "endpoint changes per proxy")
 	flag.IntVar(&cfg.nftMax, "nft-max-services", 1000, "run the nft flavour only up to this many Services (iptables-nft-restore slows down with jumps x chains); 0: no limit")
@@ -115,6 +117,11 @@ func main() {
 			fail(fmt.Errorf("-proxies: unknown proxy %q", name))
 		}
 		cfg.proxies = append(cfg.proxies, proxy{name: base, minSync: msp})
+	}
+	if *perfAt != "" {
+		if cfg.perfAt, err = parseInts(*perfAt); err != nil {
+			fail(fmt.Errorf("-perf-at: %w", err))
+		}
 	}
 	if cfg.loadMethod != "etcd" && cfg.loadMethod != "api" {
 		fail(fmt.Errorf("-load: %q: want etcd or api", cfg.loadMethod))

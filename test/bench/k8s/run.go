@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -187,6 +188,10 @@ func runProxy(ctx context.Context, cfg *config, cp *controlplane.ControlPlane, w
 		return r
 	}
 	cpu0, _ := treeCPU(pid)
+	var prof *perfProfile
+	if p.steelyard() && slices.Contains(cfg.perfAt, n) && w.endpoints == firstSize(cfg.sizes, n).endpoints {
+		prof = startPerf(cfg.logDir, fmt.Sprintf("%s-%dx%d", p.id(), n, w.endpoints), pid)
+	}
 	rng := rand.New(rand.NewPCG(cfg.seed, uint64(n)))
 	cctx, cancel := context.WithTimeout(ctx, cfg.changesTimeout)
 	defer cancel()
@@ -237,6 +242,7 @@ func runProxy(ctx context.Context, cfg *config, cp *controlplane.ControlPlane, w
 	if cpu, err := treeCPU(pid); err == nil {
 		r.cpuChanges = cpu - cpu0
 	}
+	prof.stop(ctx)
 	if nl != nil {
 		r.events, r.eventsOK = nl.stats().minus(ev0), true
 	}
