@@ -68,4 +68,3 @@ func (p *perfProfile) stop(ctx context.Context) {
 	}
 	logf("-perf-at: profile of the changes in %s", txt)
 }
-
