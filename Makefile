@@ -182,7 +182,7 @@ bench: deps build
 # steelyard beside kube-proxy v1.37.2 (iptables and nftables modes) against
 # a real API server with 1,000 and 10,000 Services x 10 endpoints.
 bench-k8s: deps build control-plane
-	$(ROOT) env SERVICES="$(SERVICES)" IPTABLES_MODE="$(IPTABLES_MODE)" NFT_MAX_SERVICES="$(NFT_MAX_SERVICES)" PROXIES="$(PROXIES)" CHANGES="$(CHANGES)" BENCH_ARGS="$(BENCH_ARGS)" scripts/bench-k8s.sh
+	$(ROOT) env SERVICES="$(SERVICES)" IPTABLES_MODE="$(IPTABLES_MODE)" NFT_MAX_SERVICES="$(NFT_MAX_SERVICES)" PROXIES="$(PROXIES)" CHANGES="$(CHANGES)" CHANGE_GAP="$(CHANGE_GAP)" IDLE="$(IDLE)" BENCH_ARGS="$(BENCH_ARGS)" scripts/bench-k8s.sh
 
 # Constant-rate HTTP load through nginx, steady then with endpoint churn,
 # for VIP upstreams (steelyard) and pod upstreams (reload per change).

@@ -97,25 +97,59 @@ func render(t *testing.T, name, dir string) string {
 	return strings.Join(lines, "\n")
 }
 
-// The last point of a proxy and size wins; a point without a commit says
-// so rather than inventing one; links are relative to the document.
+// The README's summary shows the newest run only (run-b), never a point
+// of an earlier run or one without a run id; links are relative to the
+// document.
 func TestRenderBenchK8s(t *testing.T) {
 	root, _ := filepath.Abs("testdata/root")
 	got := render(t, "bench-k8s", "")
 	for _, want := range []string{
-		"| 1,000 x 10 | steelyard nftables | 900 ms (0.800 CPU-s) | 12.0 ms / 31.0 ms | 80 MiB | 0.40 0.50 0.60 | abc1234, 2026-12-05 |",
-		"| 1,000 x 10 | kube-proxy nftables | 1.23 s (1.13 CPU-s) | 59.4 ms / 1.00 s | 87 MiB | 0.09 | commit unknown |",
+		"| 1,000 x 10 | 30.0 ms / 20.0 ms / 300 ms / 1.00 s | 1.00 s / 1.50 s / 2.00 s | 80 MiB / 85 MiB / 100 MiB |",
+		"Run run-b (def5678, 2026-12-07;",
+		"load average 0.50-0.90",
 		"[docs/bench-k8s.jsonl](docs/bench-k8s.jsonl)",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("bench-k8s lacks %q:\n%s", want, got)
 		}
 	}
-	if strings.Contains(got, "28.5 ms") {
-		t.Errorf("an earlier point of the same proxy and size is shown:\n%s", got)
+	for _, not := range []string{"40.0 ms", "31.0 ms", "commit unknown"} {
+		if strings.Contains(got, not) {
+			t.Errorf("a point of another run (%s) is shown:\n%s", not, got)
+		}
 	}
 	if in := render(t, "bench-k8s", filepath.Join(root, "docs")); !strings.Contains(in, "[docs/bench-k8s.jsonl](bench-k8s.jsonl)") {
 		t.Errorf("link from docs/:\n%s", in)
+	}
+}
+
+// The full table of the run: every column, the explain command named for
+// kube-proxy, and ratios taken within the run (steelyard nftables 30 ms
+// against kube-proxy at 250 ms 300 ms: 0.10x; run-a's 40 ms never).
+func TestRenderBenchK8sRun(t *testing.T) {
+	got := render(t, "bench-k8s-run", "")
+	for _, want := range []string{
+		"| 1,000 x 10 | steelyard nftables | 250ms | 1.00 s (0.900 CPU-s) | 10.0 ms / 30.0 ms (60) | 0.005 CPU-s | 3.5 CPU-s | 80 MiB | 200 ms (0.150 CPU-s) | - | 0.50 0.60 0.70 |",
+		"| 1,000 x 10 | kube-proxy nftables --min-sync-period 250ms | 250ms |",
+		"500 ms (0.400 CPU-s) `nft list ruleset`",
+		"| 10.0 MiB |",
+		"| 1,000 x 10 | nftables | 0.10x | 0.50x | 0.80x | 0.50x |",
+		"| 1,000 x 10 | ebpf | 0.07x | 0.75x | 0.85x | - |",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("bench-k8s-run lacks %q:\n%s", want, got)
+		}
+	}
+}
+
+// A run whose points lack a commit cannot be rendered: its figures would
+// name no code.
+func TestRenderBenchK8sNoCommit(t *testing.T) {
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, "docs"), 0o755)
+	os.WriteFile(filepath.Join(root, benchK8s), []byte(`{"dataplane":"x","services":1,"endpoints":1,"run_id":"r","proxy":"steelyard-nftables"}`+"\n"), 0o644)
+	if _, err := renderBenchK8s(root, root, filepath.Join(root, "README.md")); err == nil {
+		t.Error("no error for a point without commit")
 	}
 }
 

@@ -8,7 +8,9 @@
 //
 // NAME is one of
 //
-//	bench-k8s            docs/bench-k8s.jsonl (make bench-k8s)
+//	bench-k8s            docs/bench-k8s.jsonl (make bench-k8s): the newest run, per size
+//	bench-k8s-run        the same run, every proxy and column, and its ratios
+//	bench-k8s-earlier    the points written before runs had ids
 //	bench-scale          docs/bench-scale.jsonl (make bench)
 //	bench-node           docs/bench-node.json (make bench-node)
 //	gateway-conformance  docs/gateway-conformance-report*.yaml (make gateway-conformance), a row per mode

@@ -37,7 +37,11 @@ type world struct {
 	services  int
 	endpoints int
 	slices    []*discoveryv1.EndpointSlice // by Service index; the last version written
+	vips      []netip.Addr                 // by Service index: the ClusterIP
 	changes   int                          // addresses handed out by changeAddr
+	// loadTime is how long creating the Services and slices took (both
+	// methods: until the API server lists every slice).
+	loadTime time.Duration
 }
 
 // epAddr is endpoint j of Service i: consecutive addresses in the pod range
@@ -64,10 +68,11 @@ func (w *world) changeAddr() (string, error) {
 
 // load creates the namespace, the Node (with the sandbox's node address as
 // InternalIP: kube-proxy waits for one) and n Services
-// with m endpoints each, from workers clients in parallel.
-func load(ctx context.Context, cp *controlplane.ControlPlane, n, m, workers int, logf func(string, ...any)) (*world, error) {
+// with m endpoints each, from workers clients in parallel: through the
+// API (method "api") or written into etcd (method "etcd", seed.go).
+func load(ctx context.Context, cp *controlplane.ControlPlane, n, m, workers int, method string, logf func(string, ...any)) (*world, error) {
 	c := cp.Client()
-	w := &world{client: c, services: n, endpoints: m, slices: make([]*discoveryv1.EndpointSlice, n)}
+	w := &world{client: c, services: n, endpoints: m, slices: make([]*discoveryv1.EndpointSlice, n), vips: make([]netip.Addr, n)}
 	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: benchNS}}, metav1.CreateOptions{}); err != nil {
 		return nil, err
 	}
@@ -81,6 +86,17 @@ func load(ctx context.Context, cp *controlplane.ControlPlane, n, m, workers int,
 	}
 
 	start := time.Now()
+	if method == "etcd" {
+		if err := seedEtcd(ctx, cp.EtcdURL, n, m, workers, logf); err != nil {
+			return nil, err
+		}
+		if err := w.readBack(ctx, start, logf); err != nil {
+			return nil, err
+		}
+		w.loadTime = time.Since(start)
+		logf("load: %d Services x %d endpoints written to etcd and listed by the API server in %v", n, m, w.loadTime.Round(time.Millisecond))
+		return w, nil
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
@@ -98,12 +114,12 @@ func load(ctx context.Context, cp *controlplane.ControlPlane, n, m, workers int,
 				if i >= n || ctx.Err() != nil {
 					return
 				}
-				s, err := createService(ctx, wc, i, m)
+				vip, s, err := createService(ctx, wc, i, m)
 				if err != nil {
 					errOnce.Do(func() { firstEr = err; cancel() })
 					return
 				}
-				w.slices[i] = s
+				w.slices[i], w.vips[i] = s, vip
 				if d := done.Add(1); d%2000 == 0 {
 					logf("load: %d/%d Services in %v", d, n, time.Since(start).Round(time.Second))
 				}
@@ -117,21 +133,64 @@ func load(ctx context.Context, cp *controlplane.ControlPlane, n, m, workers int,
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	logf("load: %d Services x %d endpoints in %v (%.0f objects/s)", n, m, time.Since(start).Round(time.Millisecond),
-		float64(2*n)/time.Since(start).Seconds())
+	w.loadTime = time.Since(start)
+	logf("load: %d Services x %d endpoints in %v (%.0f objects/s)", n, m, w.loadTime.Round(time.Millisecond),
+		float64(2*n)/w.loadTime.Seconds())
 	return w, nil
 }
 
-func createService(ctx context.Context, c kubernetes.Interface, i, m int) (*discoveryv1.EndpointSlice, error) {
-	name := fmt.Sprintf("svc-%d", i)
-	if _, err := c.CoreV1().Services(benchNS).Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{
-			Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(endpointPort),
-		}}},
-	}, metav1.CreateOptions{}); err != nil {
-		return nil, fmt.Errorf("create Service %s: %w", name, err)
+// readBack lists the EndpointSlices through the API server until it has
+// every one (it sees etcd's writes through its watch), and keeps them for
+// changeEndpoint, with each Service's ClusterIP.
+func (w *world) readBack(ctx context.Context, start time.Time, logf func(string, ...any)) error {
+	for i := range w.services {
+		w.vips[i] = clusterIP(i)
 	}
+	for {
+		got := 0
+		cont := ""
+		for {
+			l, err := w.client.DiscoveryV1().EndpointSlices(benchNS).List(ctx, metav1.ListOptions{Limit: 5000, Continue: cont})
+			if err != nil {
+				return fmt.Errorf("list EndpointSlices: %w", err)
+			}
+			for k := range l.Items {
+				s := &l.Items[k]
+				var i int
+				if _, err := fmt.Sscanf(s.Name, "svc-%d-1", &i); err == nil && i >= 0 && i < w.services {
+					if w.slices[i] == nil {
+						got++
+					}
+					w.slices[i] = s
+				}
+			}
+			if cont = l.Continue; cont == "" {
+				break
+			}
+		}
+		if got == w.services || countSet(w.slices) == w.services {
+			return nil
+		}
+		logf("load: the API server lists %d of %d EndpointSlices after %v", countSet(w.slices), w.services, time.Since(start).Round(time.Second))
+		if !sleep(ctx, 2*time.Second) {
+			return ctx.Err()
+		}
+	}
+}
+
+func countSet(s []*discoveryv1.EndpointSlice) int {
+	n := 0
+	for _, x := range s {
+		if x != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// newSlice is the EndpointSlice of Service i with m endpoints.
+func newSlice(i, m int) *discoveryv1.EndpointSlice {
+	name := fmt.Sprintf("svc-%d", i)
 	slice := &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: name + "-1",
@@ -149,11 +208,26 @@ func createService(ctx context.Context, c kubernetes.Interface, i, m int) (*disc
 			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)},
 		})
 	}
-	s, err := c.DiscoveryV1().EndpointSlices(benchNS).Create(ctx, slice, metav1.CreateOptions{})
+	return slice
+}
+
+func createService(ctx context.Context, c kubernetes.Interface, i, m int) (netip.Addr, *discoveryv1.EndpointSlice, error) {
+	name := fmt.Sprintf("svc-%d", i)
+	svc, err := c.CoreV1().Services(benchNS).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{
+			Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(endpointPort),
+		}}},
+	}, metav1.CreateOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("create EndpointSlice %s: %w", slice.Name, err)
+		return netip.Addr{}, nil, fmt.Errorf("create Service %s: %w", name, err)
 	}
-	return s, nil
+	vip, _ := netip.ParseAddr(svc.Spec.ClusterIP)
+	s, err := c.DiscoveryV1().EndpointSlices(benchNS).Create(ctx, newSlice(i, m), metav1.CreateOptions{})
+	if err != nil {
+		return netip.Addr{}, nil, fmt.Errorf("create EndpointSlice %s-1: %w", name, err)
+	}
+	return vip, s, nil
 }
 
 // changeEndpoint gives endpoint j of Service i the address addr and stamps

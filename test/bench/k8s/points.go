@@ -23,7 +23,7 @@ func toPoint(cfg *config, r result) (p point.Result, ok bool) {
 	p = point.Result{
 		Dataplane: name + " (API server)",
 		Services:  r.services,
-		Endpoints: cfg.endpoints,
+		Endpoints: r.endpoints,
 		First:     r.firstSync.Seconds(),
 		RSSMiB:    float64(r.rssKiB) / 1024,
 		LoadAvg:   runinfo.LoadAvg(),
@@ -33,10 +33,20 @@ func toPoint(cfg *config, r result) (p point.Result, ok bool) {
 	if r.cpuMeasured {
 		p.FirstCPU = r.cpuSync
 	}
-	if len(r.latencies) > 0 {
+	p.RunID, p.Proxy, p.MinSyncPeriod = cfg.runID, r.proxy.id(), r.proxy.minSyncPeriod()
+	p.TotalCPU, p.MapsMemlock, p.LoadSeconds = r.cpuTotal, r.mapsMemlock, r.loadTime.Seconds()
+	if r.explainErr == "" && r.explainWall > 0 {
+		p.Explain, p.ExplainCPU, p.ExplainCmd = r.explainWall, r.explainCPU, r.explainCmd
+	}
+	// Percentiles of a complete set of changes only: a run cut short
+	// would report the fast part.
+	if len(r.latencies) > 0 && r.changesErr == "" {
+		p.Changes = len(r.latencies)
 		p.ChangeP50 = percentile(r.latencies, 0.5).Seconds()
 		p.ChangeP99 = percentile(r.latencies, 0.99).Seconds()
+		p.ChangeCPU = r.cpuChanges / float64(len(r.latencies))
 	}
+	r.traffic.fill(&p)
 	return p, true
 }
 

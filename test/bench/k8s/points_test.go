@@ -16,17 +16,17 @@ import (
 // change percentiles in seconds, appended run after run.
 func TestAppendPoint(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "points.jsonl")
-	cfg := &config{endpoints: 10}
+	cfg := &config{runID: "r1"}
 	lat := make([]time.Duration, 100)
 	for i := range lat {
 		lat[i] = time.Duration(i+1) * time.Millisecond
 	}
 	runs := []result{
-		{proxy: proxy{name: proxySteelyardNFTables}, services: 10000, syncMeasured: true, firstSync: 14 * time.Second,
+		{proxy: proxy{name: proxySteelyardNFTables}, services: 10000, endpoints: 10, cpuChanges: 5, cpuTotal: 20, syncMeasured: true, firstSync: 14 * time.Second,
 			rssKiB: 300 * 1024, latencies: lat, cpuMeasured: true, cpuSync: 13.5},
-		{proxy: proxy{name: proxyKubeProxyNFTables}, services: 30000, syncMeasured: true, firstSyncErr: "timeout (> 15m)"},
-		{proxy: proxy{name: proxyKubeProxyNFTables}, services: 1000, fail: "crashed"},
-		{proxy: proxy{name: proxySteelyard, flavour: "legacy"}, services: 1000, syncMeasured: true, firstSync: time.Second},
+		{proxy: proxy{name: proxyKubeProxyNFTables}, services: 30000, endpoints: 10, syncMeasured: true, firstSyncErr: "timeout (> 15m)"},
+		{proxy: proxy{name: proxyKubeProxyNFTables}, services: 1000, endpoints: 10, fail: "crashed"},
+		{proxy: proxy{name: proxySteelyard, flavour: "legacy", minSync: "1s"}, services: 1000, endpoints: 100, explainWall: 0.5, explainCPU: 0.4, explainCmd: "steelyard explain --mode iptables", syncMeasured: true, firstSync: time.Second},
 	}
 	for _, r := range runs {
 		if err := appendPoint(path, cfg, r); err != nil {
@@ -55,11 +55,17 @@ func TestAppendPoint(t *testing.T) {
 		p.FirstCPU != 13.5 || p.ChangeP50 != 0.050 || p.ChangeP99 != 0.099 {
 		t.Errorf("point %+v", p)
 	}
+	if p.RunID != "r1" || p.Proxy != "steelyard-nftables" || p.MinSyncPeriod != "250ms" || p.Changes != 100 ||
+		p.ChangeCPU != 0.05 || p.TotalCPU != 20 || p.Endpoints != 10 {
+		t.Errorf("point %+v", p)
+	}
 	// Every new point names its run: the commit (or "unknown"), the date.
 	if p.Commit == "" || p.Date == "" {
 		t.Errorf("point without commit or date: %+v", p)
 	}
-	if got[1].Dataplane != "steelyard (iptables) legacy (API server)" || got[1].ChangeP99 != 0 {
+	if got[1].Dataplane != "steelyard (iptables) --min-sync-period 1s legacy (API server)" || got[1].ChangeP99 != 0 ||
+		got[1].Proxy != "steelyard-msp1s" || got[1].MinSyncPeriod != "1s" || got[1].Endpoints != 100 ||
+		got[1].Explain != 0.5 || got[1].ExplainCPU != 0.4 || got[1].ExplainCmd != "steelyard explain --mode iptables" || got[1].Changes != 0 {
 		t.Errorf("point %+v", got[1])
 	}
 }

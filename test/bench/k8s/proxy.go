@@ -23,11 +23,24 @@ const (
 	// proxySteelyardNFTables is steelyard --mode nftables (its own table,
 	// no iptables flavour), measured beside kube-proxy's nftables mode.
 	proxySteelyardNFTables = "steelyard-nftables"
+	// proxySteelyardEBPF is steelyard --mode ebpf: cgroup socket programs
+	// for the clusterIPs, beside the nftables rules of every entry point.
+	proxySteelyardEBPF = "steelyard-ebpf"
 )
+
+// knownProxy reports whether base (a -proxies name without its -msp
+// suffix) is a proxy k8s-bench runs.
+func knownProxy(base string) bool {
+	switch base {
+	case proxySteelyard, proxyKubeProxyIPTables, proxyKubeProxyNFTables, proxySteelyardNFTables, proxySteelyardEBPF:
+		return true
+	}
+	return false
+}
 
 // steelyard reports whether the proxy is steelyard (either mode).
 func (p proxy) steelyard() bool {
-	return p.name == proxySteelyard || p.name == proxySteelyardNFTables
+	return p.name == proxySteelyard || p.name == proxySteelyardNFTables || p.name == proxySteelyardEBPF
 }
 
 // Metrics and health addresses inside each proxy's namespace.
@@ -45,19 +58,50 @@ var clusterCIDR = sandbox.ClusterCIDR.String()
 type proxy struct {
 	name    string // proxySteelyard, ...
 	flavour string // "legacy" or "nft" (iptables flavour); "" for nftables mode
+	// minSync is the --min-sync-period given to the proxy ("250ms"); ""
+	// leaves its default (minSyncDefault).
+	minSync string
+	// ebpf mode: the cgroup v2 directory and the pin dir of this run
+	// (ebpfEnv).
+	cgroupPath, pinDir string
 }
 
 func (p proxy) label() string {
+	l := "kube-proxy nftables"
 	switch p.name {
 	case proxySteelyard:
-		return "steelyard (iptables)"
+		l = "steelyard (iptables)"
 	case proxySteelyardNFTables:
-		return "steelyard nftables"
+		l = "steelyard nftables"
+	case proxySteelyardEBPF:
+		l = "steelyard ebpf"
 	case proxyKubeProxyIPTables:
-		return "kube-proxy iptables"
-	default:
-		return "kube-proxy nftables"
+		l = "kube-proxy iptables"
 	}
+	if p.minSync != "" {
+		l += " --min-sync-period " + p.minSync
+	}
+	return l
+}
+
+// id is the proxy's -proxies name ("kube-proxy-nftables-msp250ms").
+func (p proxy) id() string {
+	if p.minSync != "" {
+		return p.name + "-msp" + p.minSync
+	}
+	return p.name
+}
+
+// minSyncPeriod is the --min-sync-period the proxy runs with: the one
+// given, else the flag's default (steelyard 250 ms, kube-proxy 1 s).
+func (p proxy) minSyncPeriod() string {
+	switch {
+	case p.minSync != "":
+		return p.minSync
+	case p.steelyard():
+		return "250ms"
+	}
+	return "1s"
 }
 
 func (p proxy) flavourLabel() string {
@@ -86,18 +130,30 @@ type binaries struct {
 // first on PATH, so "iptables", "iptables-save" and "iptables-restore"
 // (and the ip6tables ones) are the chosen flavour.
 func (p proxy) command(bins binaries, kubeconfig, wrapDir string) (string, []string) {
-	if p.name == proxySteelyardNFTables {
-		return bins.steelyard, []string{"run",
+	var msp []string
+	if p.minSync != "" {
+		msp = []string{"--min-sync-period", p.minSync}
+	}
+	if p.name == proxySteelyardNFTables || p.name == proxySteelyardEBPF {
+		mode := "nftables"
+		if p.name == proxySteelyardEBPF {
+			mode = "ebpf"
+		}
+		args := []string{"run",
 			"--kubeconfig", kubeconfig,
 			"--node-name", nodeName,
-			"--mode", "nftables",
+			"--mode", mode,
 			"--cluster-cidr", clusterCIDR,
 			"--metrics-bind-address", steelyardMetrics,
 			"--healthz-bind-address", steelyardHealthz,
 		}
+		if p.name == proxySteelyardEBPF {
+			args = append(args, "--cgroup-path", p.cgroupPath, "--bpf-pin-dir", p.pinDir)
+		}
+		return bins.steelyard, append(args, msp...)
 	}
 	if p.name == proxySteelyard {
-		return bins.steelyard, []string{"run",
+		return bins.steelyard, append([]string{"run",
 			"--kubeconfig", kubeconfig,
 			"--node-name", nodeName,
 			"--mode", "iptables",
@@ -105,7 +161,7 @@ func (p proxy) command(bins binaries, kubeconfig, wrapDir string) (string, []str
 			"--cluster-cidr", clusterCIDR,
 			"--metrics-bind-address", steelyardMetrics,
 			"--healthz-bind-address", steelyardHealthz,
-		}
+		}, msp...)
 	}
 	mode := "iptables"
 	if p.name == proxyKubeProxyNFTables {
@@ -125,6 +181,11 @@ func (p proxy) command(bins binaries, kubeconfig, wrapDir string) (string, []str
 		"--conntrack-tcp-timeout-established", "0",
 		"--conntrack-tcp-timeout-close-wait", "0",
 		"--oom-score-adj", "0",
+	}
+	if p.minSync != "" {
+		// kube-proxy's flag for it in every mode but ipvs (the config
+		// file's minSyncPeriod; options.go, processV1Alpha1Flags).
+		args = append(args, "--iptables-min-sync-period", p.minSync)
 	}
 	if wrapDir == "" {
 		return bins.kubeProxy, args

@@ -72,6 +72,30 @@ func (r result) cpuCell() string {
 	return fmt.Sprintf("%.1f / %.1f", r.cpuSync, r.cpuChanges)
 }
 
+func (r result) cpuPerChangeCell() string {
+	if len(r.latencies) == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.3f s", r.cpuChanges/float64(len(r.latencies)))
+}
+
+func (r result) explainCell() string {
+	if r.explainErr != "" {
+		return r.explainCmd + ": " + r.explainErr
+	}
+	if r.explainWall == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%s (%.2f) %s", fmtSeconds(r.explainWall), r.explainCPU, r.explainCmd)
+}
+
+func (r result) memlockCell() string {
+	if r.mapsMemlock == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f MiB", float64(r.mapsMemlock)/(1<<20))
+}
+
 func (r result) rssCell() string {
 	if r.rssKiB <= 0 {
 		return "-"
@@ -89,23 +113,25 @@ func percentile(ds []time.Duration, q float64) time.Duration {
 
 func printTable(out *os.File, cfg *config, results []result, load0, load1 string, took time.Duration) {
 	host, _ := os.Hostname()
-	fmt.Fprintf(out, "steelyard vs kube-proxy %s against a real API server: %d endpoints per Service, %d endpoint changes per proxy\n",
-		controlplane.KubernetesVersion, cfg.endpoints, cfg.changes)
+	fmt.Fprintf(out, "steelyard vs kube-proxy %s against a real API server: run %s, %d endpoint changes per proxy, objects loaded by %s\n",
+		controlplane.KubernetesVersion, cfg.runID, cfg.changes, cfg.loadMethod)
 	fmt.Fprintf(out, "%s, %d CPUs, kernel %s; load average %s at start, %s at end; %s in all\n\n",
 		host, runtime.NumCPU(), kernelRelease(), load0, load1, took.Round(time.Second))
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "proxy\tiptables\tServices\tfirst full sync\tchange p50\tchange p99\tchanges\tnetprog p50 / p99 (metric)\tpartial sync mean (n)\tCPU s: sync / changes\tpeak RSS\t")
+	fmt.Fprintln(w, "proxy\tiptables\tServices\tfirst full sync\tchange p50\tchange p99\tchanges\tnetprog p50 / p99 (metric)\tpartial sync mean (n)\tCPU s: sync / changes\tCPU per change\tCPU total\tpeak RSS\texplain (CPU)\tmaps memlock\tload\t")
 	for _, r := range results {
+		sz := fmt.Sprintf("%dx%d", r.services, r.endpoints)
 		if r.proxy.name == "" {
-			fmt.Fprintf(w, "(all)\t\t%d\t%s\t\t\t\t\t\t\t\t\n", r.services, r.fail)
+			fmt.Fprintf(w, "(all)\t\t%s\t%s\t\t\t\t\t\t\t\t\t\t\t\t\t\n", sz, r.fail)
 			continue
 		}
 		if r.fail != "" {
-			fmt.Fprintf(w, "%s\t%s\t%d\tfailed: %s\t\t\t\t\t\t\t\t\n", r.proxy.label(), r.proxy.flavourLabel(), r.services, r.fail)
+			fmt.Fprintf(w, "%s\t%s\t%s\tfailed: %s\t\t\t\t\t\t\t\t\t\t\t\t\t\n", r.proxy.label(), r.proxy.flavourLabel(), sz, r.fail)
 			continue
 		}
-		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.proxy.label(), r.proxy.flavourLabel(), r.services,
-			r.firstSyncCell(), r.latencyCell(0.5), r.latencyCell(0.99), r.changesCell(), r.netprogCell(), r.partialCell(), r.cpuCell(), r.rssCell())
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f s\t%s\t%s\t%s\t%s\t\n", r.proxy.label(), r.proxy.flavourLabel(), sz,
+			r.firstSyncCell(), r.latencyCell(0.5), r.latencyCell(0.99), r.changesCell(), r.netprogCell(), r.partialCell(), r.cpuCell(),
+			r.cpuPerChangeCell(), r.cpuTotal, r.rssCell(), r.explainCell(), r.memlockCell(), fmtSeconds(r.loadTime.Seconds()))
 	}
 	w.Flush()
 
@@ -114,23 +140,27 @@ func printTable(out *os.File, cfg *config, results []result, load0, load1 string
 	// steelyard against kube-proxy in the same mode: iptables (same
 	// flavour; goals 0.5x first sync, 0.25x change p99) and nftables
 	// (issue 11: first sync at most 1x, change p99 at most 0.5x).
+	// Issue 21's goals: change p99 at most 0.5x kube-proxy nftables' at
+	// steelyard's --min-sync-period, first sync at most 0.5x.
 	pairs := []struct {
 		s, k, label  string
 		sync, change float64
 	}{
 		{proxySteelyard, proxyKubeProxyIPTables, "steelyard / kube-proxy iptables", 0.5, 0.25},
-		{proxySteelyardNFTables, proxyKubeProxyNFTables, "steelyard nftables / kube-proxy nftables", 1, 0.5},
+		{proxySteelyardNFTables, proxyKubeProxyNFTables + "-msp250ms", "steelyard nftables / kube-proxy nftables (both 250ms)", 0.5, 0.5},
+		{proxySteelyardEBPF, proxyKubeProxyNFTables + "-msp250ms", "steelyard ebpf / kube-proxy nftables (both 250ms)", 0.5, 0.5},
+		{proxySteelyardNFTables, proxyKubeProxyNFTables, "steelyard nftables / kube-proxy nftables (its default 1s)", 0.5, 0.5},
 	}
 	for _, pr := range pairs {
 		for _, s := range results {
-			if s.proxy.name != pr.s {
+			if s.proxy.id() != pr.s {
 				continue
 			}
 			for _, k := range results {
-				if k.proxy.name != pr.k || k.proxy.flavour != s.proxy.flavour || k.services != s.services {
+				if k.proxy.id() != pr.k || k.proxy.flavour != s.proxy.flavour || k.services != s.services || k.endpoints != s.endpoints {
 					continue
 				}
-				line := fmt.Sprintf("N=%d, %s: %s: ", s.services, s.proxy.flavourLabel(), pr.label)
+				line := fmt.Sprintf("N=%dx%d, %s: %s: ", s.services, s.endpoints, s.proxy.flavourLabel(), pr.label)
 				if s.syncMeasured && k.syncMeasured {
 					line += fmt.Sprintf("first full sync %.2fx (goal <= %g)", s.firstSync.Seconds()/k.firstSync.Seconds(), pr.sync)
 				} else {
@@ -170,7 +200,14 @@ change p50/p99: API write of a new endpoint address (slice stamped with last-cha
   namespace); a random 0-%s pause before each change. netprog: the proxy's own histogram over the same changes (bucket upper bounds).
 partial sync: the proxy's partial-sync histogram over the changes (mean and count, periodic syncs included).
 CPU: utime+stime of the proxy, its waited-for children (cutime+cstime: iptables-restore, nft) and live
-  descendants, from /proc; up to the first full sync / during the changes. peak RSS: the proxy's VmHWM.
+  descendants, from /proc; up to the first full sync / during the changes; per change: during the changes
+  / changes measured; total: start to the end of the quiet period. peak RSS: the proxy's VmHWM.
+steelyard ebpf: change -> kernel is the write to the first poll (1 ms period, cilium/ebpf lookups of the
+  changed port's services entry and slots) that finds the address in the pinned maps; the agent's nftables
+  half (every entry point, clusterIPs too, for sockets outside the cgroup) is written in the same sync,
+  before the maps. maps memlock: the kernel's memory of its pinned maps (fdinfo memlock).
+explain: steelyard explain --mode X in the namespace, after the run (wall, CPU s); kube-proxy has no
+  explain: its ruleset listed instead (nft list ruleset, iptables-save), the nearest equivalent.
 `, cfg.gap)
 }
 
@@ -183,7 +220,7 @@ func extraLines(results []result) []string {
 		if r.proxy.name == "" || r.fail != "" || !r.syncMeasured {
 			continue
 		}
-		head := fmt.Sprintf("N=%d, %s", r.services, r.proxy.label())
+		head := fmt.Sprintf("N=%dx%d, %s", r.services, r.endpoints, r.proxy.label())
 		if r.proxy.flavour != "" {
 			head += " (" + r.proxy.flavour + ")"
 		}

@@ -42,6 +42,20 @@ type Result struct {
 	// until the kernel holds it, p50 and p99 of the run's changes.
 	ChangeP50 float64 `json:"change_kernel_p50_s,omitempty"`
 	ChangeP99 float64 `json:"change_kernel_p99_s,omitempty"`
+	// The traffic phase of test/bench/k8s (-traffic-sizes): a client on
+	// the node, one Service with two real backends. Connect + first byte
+	// of new connections through the VIP and direct to a pod address
+	// (p50, p99), and requests/s with a new connection per request and
+	// with keepalive, through the VIP and direct. Ratios are meaningful
+	// within one point only (one run, the same load).
+	FirstPacketP50       float64 `json:"first_packet_p50_s,omitempty"`
+	FirstPacketP99       float64 `json:"first_packet_p99_s,omitempty"`
+	DirectFirstPacketP50 float64 `json:"direct_first_packet_p50_s,omitempty"`
+	DirectFirstPacketP99 float64 `json:"direct_first_packet_p99_s,omitempty"`
+	RPSNewVIP            float64 `json:"rps_new_vip,omitempty"`
+	RPSNewDirect         float64 `json:"rps_new_direct,omitempty"`
+	RPSKeepaliveVIP      float64 `json:"rps_keepalive_vip,omitempty"`
+	RPSKeepaliveDirect   float64 `json:"rps_keepalive_direct,omitempty"`
 	// LoadAvg is the load average at the end of the run: the 1-minute
 	// figure in older points, the 1, 5 and 15 minute ones since points
 	// carry Commit and Date.
@@ -60,4 +74,26 @@ type Result struct {
 	RulesetBytes     int     `json:"ruleset_bytes,omitempty"`
 	Commit           string  `json:"commit,omitempty"`
 	Date             string  `json:"date,omitempty"`
+
+	// Points of test/bench/k8s since 2026-12-07 also carry these. RunID
+	// names the run (one `make bench-k8s`): test/docsgen compares points
+	// of one run only. Proxy is k8s-bench's -proxies name
+	// ("kube-proxy-nftables-msp250ms"), MinSyncPeriod the proxy's
+	// --min-sync-period (given, or its default). Changes is how many
+	// endpoint changes were measured; ChangeCPU the proxy's CPU seconds
+	// during them divided by that count; TotalCPU its CPU seconds from
+	// start to the end of the run (first sync, changes, quiet period).
+	// Explain and ExplainCPU are then ExplainCmd's wall and CPU seconds
+	// (steelyard explain; kube-proxy has none: its ruleset listed).
+	// MapsMemlock is the ebpf mode's maps' kernel memory (memlock, bytes);
+	// LoadSeconds how long loading the API server took for the size.
+	RunID         string  `json:"run_id,omitempty"`
+	Proxy         string  `json:"proxy,omitempty"`
+	MinSyncPeriod string  `json:"min_sync_period,omitempty"`
+	Changes       int     `json:"changes,omitempty"`
+	ChangeCPU     float64 `json:"change_cpu_s,omitempty"`
+	TotalCPU      float64 `json:"total_cpu_s,omitempty"`
+	ExplainCmd    string  `json:"explain_cmd,omitempty"`
+	MapsMemlock   uint64  `json:"maps_memlock_bytes,omitempty"`
+	LoadSeconds   float64 `json:"load_s,omitempty"`
 }
