@@ -146,6 +146,10 @@ func runTraffic(ctx context.Context, cfg *config, s *sandbox.Sandbox, w *world, 
 		servers = append(servers, serveBackend(l, id))
 	}
 
+	if err := trafficNodeSysctls(s.Node); err != nil {
+		return fail("node sysctls: %v", err)
+	}
+
 	vip, err := createTrafficService(ctx, w)
 	// Deleted whatever happened, then the kernel back to the loaded set.
 	defer func() {
@@ -241,11 +245,11 @@ func deleteTrafficService(ctx context.Context, w *world) error {
 // and returns what it measured.
 func runTrafficClient(ctx context.Context, ns, cgroup string, job trafficJob) (trafficOutput, error) {
 	var out trafficOutput
-	exe, err := os.Executable()
+	argv, err := trafficClientArgv()
 	if err != nil {
 		return out, err
 	}
-	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, exe, trafficClientCmd)
+	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns}, argv...)...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	stdin, err := cmd.StdinPipe()
@@ -277,6 +281,28 @@ func runTrafficClient(ctx context.Context, ns, cgroup string, job trafficJob) (t
 		return out, fmt.Errorf("%w: %s", err, lastLines(stderr.String(), 5))
 	}
 	return parseTrafficOutput(stdout.Bytes())
+}
+
+// trafficNodeSysctls lets the client in the node namespace open new
+// connections at any rate for the phase's seconds: it closes first, so each
+// connection leaves a TIME_WAIT on its port; tcp_tw_reuse=1 reuses such a
+// port for a new connection a second later, and the wide range gives
+// 32,000 ports of each parity (connect prefers one). Both paths alike;
+// the settings are the namespace's own.
+func trafficNodeSysctls(ns *sandbox.NS) error {
+	for k, v := range map[string]string{"net/ipv4/tcp_tw_reuse": "1", "net/ipv4/ip_local_port_range": "1024 65535"} {
+		if err := ns.WriteSysctl(k, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// trafficClientArgv is the client's command: this binary, as
+// traffic-client (a test binary runs a helper test instead).
+var trafficClientArgv = func() ([]string, error) {
+	exe, err := os.Executable()
+	return []string{exe, trafficClientCmd}, err
 }
 
 // parseTrafficOutput decodes the client's output: exactly one JSON object.
@@ -351,9 +377,11 @@ func (t *trafficResult) summary() string {
 	v50, _ := t.firstByte(false, 0.5)
 	d50, _ := t.firstByte(true, 0.5)
 	share, total := t.shareA()
-	return fmt.Sprintf("first byte p50 %v VIP / %v direct; new-connection req/s %.0f / %.0f; keepalive %.0f / %.0f; backend a %.1f%% of %d (want %.0f%%); cgroup %s",
-		v50.Round(time.Microsecond), d50.Round(time.Microsecond), t.out.NewVIP.perSecond(), t.out.NewDirect.perSecond(),
-		t.out.KeepVIP.perSecond(), t.out.KeepDirect.perSecond(), share, total, t.wantShareA(), t.out.Cgroup)
+	o := t.out
+	return fmt.Sprintf("first byte p50 %v VIP / %v direct; new-connection req/s %.0f / %.0f (slowest %.3f / %.3f s, %d / %d over %v); keepalive %.0f / %.0f; backend a %.1f%% of %d (want %.0f%%); cgroup %s",
+		v50.Round(time.Microsecond), d50.Round(time.Microsecond), o.NewVIP.perSecond(), o.NewDirect.perSecond(),
+		o.NewVIP.MaxSeconds, o.NewDirect.MaxSeconds, o.NewVIP.Slow, o.NewDirect.Slow, slowRequest,
+		o.KeepVIP.perSecond(), o.KeepDirect.perSecond(), share, total, t.wantShareA(), o.Cgroup)
 }
 
 // fill adds the phase's figures to the proxy's point.
@@ -418,7 +446,7 @@ func printTraffic(out io.Writer, results []result) {
 		fmt.Fprintln(out, l)
 	}
 	fmt.Fprintf(out, `first byte: connect + the server's first byte of each new connection, VIP and direct alternating.
-req/s: a new connection per request (connect, first byte, one request, the server's close) and keepalive
+req/s: a new connection per request (connect, first byte, one request and answer, close) and keepalive
   (one connection per path and worker, one-byte request and answer); each worker alternates VIP and direct
   request by request, a path's req/s = its requests / (the time they took / workers).
 `)
