@@ -14,9 +14,9 @@ package main
 // The backends are two pod namespaces of the sandbox (routed /32 veths,
 // 198.19.0.21 and .22, outside the loaded endpoints' 198.19.1.0+), weighted
 // 10/90 by steelyard.io/weights (kube-proxy ignores it: equal). The Service
-// is created for the phase and deleted after it, and the phase waits until
-// the kernel holds the loaded set's n x endpoints DNATs again, so the first
-// sync of the next proxy and the changes count exactly the loaded set.
+// is created for the phase (after the first sync, so that sync counts the
+// loaded set only) and deleted after it; the phase waits until the VIP no
+// longer answers, then -settle, before the changes start.
 //
 // The client is a child process (trafficclient.go) in the proxy's network
 // namespace; for a proxy that balances in the socket layer of one cgroup
@@ -151,7 +151,8 @@ func runTraffic(ctx context.Context, cfg *config, s *sandbox.Sandbox, w *world, 
 	}
 
 	vip, err := createTrafficService(ctx, w)
-	// Deleted whatever happened, then the kernel back to the loaded set.
+	// Deleted whatever happened; then the VIP must stop answering (the
+	// proxy has synced the deletion) before the changes start.
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.Background(), cfg.changeTimeout)
 		defer cancel()
@@ -159,9 +160,10 @@ func runTraffic(ctx context.Context, cfg *config, s *sandbox.Sandbox, w *world, 
 			logf("N=%d: %s: traffic: deleting the Service: %v", n, p.label(), err)
 			return
 		}
-		if _, last, err := m.waitFirstSync(dctx, n*w.endpoints); err != nil {
-			logf("N=%d: %s: traffic: the kernel did not return to %d DNATs after the Service's deletion (last %d): %v", n, p.label(), n*w.endpoints, last, err)
+		if err := waitVIPGone(dctx, s.Node, m, vip); err != nil {
+			logf("N=%d: %s: traffic: after the Service's deletion: %v", n, p.label(), err)
 		}
+		sleep(ctx, cfg.settle)
 	}()
 	if err != nil {
 		return fail("%v", err)
@@ -187,6 +189,30 @@ func runTraffic(ctx context.Context, cfg *config, s *sandbox.Sandbox, w *world, 
 	}
 	logf("N=%d: %s: traffic: %s", n, p.label(), tr.summary())
 	return tr
+}
+
+// waitVIPGone polls the VIP from the node namespace until a connection
+// fails (no rule, map entry or socket-layer entry leads to a backend any
+// more). Not the kernel's DNAT count: kube-proxy's iptables mode removes
+// the Service's jump at once but keeps its endpoint chains until a full
+// sync (hourly), so the count stays up while the VIP is gone. For the
+// socket-layer mode the poll must come from a process in the agent's
+// cgroup, as k8s-bench is in the ebpf run; from outside it, the VIP never
+// answers and the wait ends at once.
+func waitVIPGone(ctx context.Context, node *sandbox.NS, m *monitor, vip netip.AddrPort) error {
+	for {
+		if _, err := node.Dial("tcp", vip, 300*time.Millisecond); err != nil {
+			return nil
+		}
+		if m != nil {
+			if err := m.exited(); err != nil {
+				return err
+			}
+		}
+		if !sleep(ctx, 100*time.Millisecond) {
+			return fmt.Errorf("%s still answers: %w", vip, ctx.Err())
+		}
+	}
 }
 
 // createTrafficService creates the traffic Service and its slice and

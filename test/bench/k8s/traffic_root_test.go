@@ -6,8 +6,10 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -96,5 +98,22 @@ func TestTrafficStaticDNAT(t *testing.T) {
 	share, n := tr.shareA()
 	if tol := sandbox.ShareTolerance(10, n, 4); share < 10-tol || share > 10+tol {
 		t.Errorf("backend a %.2f%% of %d new connections through the VIP, want 10 ± %.2f", share, n, tol)
+	}
+
+	// The end of the phase: waitVIPGone waits while the VIP answers and
+	// returns once the rule is gone.
+	vip := netip.MustParseAddrPort(job.VIP)
+	wctx, wcancel := context.WithTimeout(ctx, time.Second)
+	defer wcancel()
+	if err := waitVIPGone(wctx, s.Node, nil, vip); err == nil || !strings.Contains(err.Error(), "still answers") {
+		t.Errorf("waitVIPGone with the rule in place: %v, want still answers", err)
+	}
+	if out, err := s.Node.Exec("nft", "delete", "table", "ip", "trafficvip"); err != nil {
+		t.Fatalf("nft: %v: %s", err, out)
+	}
+	wctx, wcancel = context.WithTimeout(ctx, 5*time.Second)
+	defer wcancel()
+	if err := waitVIPGone(wctx, s.Node, nil, vip); err != nil {
+		t.Errorf("waitVIPGone after the rule's deletion: %v", err)
 	}
 }
