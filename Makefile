@@ -120,7 +120,7 @@ unit:
 	$(GO) test -count=1 ./...
 
 e2e:
-	$(ROOT) env STEELYARD_BIN=$(CURDIR)/bin/steelyard $(GO) test -tags e2e -count=1 -timeout 30m -v ./test/sandbox/ ./test/e2e/ ./dataplane/nftables/ ./dataplane/iptables/ ./dataplane/nfacct/
+	$(ROOT) env STEELYARD_BIN=$(CURDIR)/bin/steelyard $(GO) test -tags e2e -count=1 -timeout 30m -v ./test/sandbox/ ./test/e2e/ ./dataplane/nftables/ ./dataplane/iptables/ ./dataplane/nfacct/ ./test/bench/k8s/
 
 k8s: control-plane
 	$(ROOT) env STEELYARD_BIN=$(CURDIR)/bin/steelyard $(GO) test -tags k8s -count=1 -timeout 30m -v ./test/controlplane/ ./test/k8s/
