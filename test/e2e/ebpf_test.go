@@ -51,7 +51,7 @@ func setupEBPF() (func(), error) {
 	if err := os.Mkdir(cg, 0o755); err != nil {
 		return nil, fmt.Errorf("ebpf: sub-cgroup: %w", err)
 	}
-	orig, err := ownCgroup()
+	orig, err := sandbox.OwnCgroup()
 	if err != nil {
 		os.Remove(cg)
 		return nil, err
@@ -104,21 +104,6 @@ func setupEBPF() (func(), error) {
 		}
 	}
 	return undo, nil
-}
-
-// ownCgroup returns this process's cgroup in the unified hierarchy ("/"
-// for its root).
-func ownCgroup() (string, error) {
-	b, err := os.ReadFile("/proc/self/cgroup")
-	if err != nil {
-		return "", err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if p, ok := strings.CutPrefix(line, "0::"); ok {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("ebpf: no cgroup v2 line in /proc/self/cgroup")
 }
 
 // clearPins removes every pin of the ebpf mode (a case's end): what the

@@ -14,11 +14,12 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/steelyard-net/steelyard/test/sandbox"
 )
 
 // cgroupUnified is the cgroup v2 hierarchy on this machine's hybrid layout
@@ -42,7 +43,7 @@ func setupEBPF() (*ebpfEnv, error) {
 	if err := os.Mkdir(e.cgroup, 0o755); err != nil {
 		return nil, fmt.Errorf("ebpf: sub-cgroup: %w", err)
 	}
-	orig, err := ownCgroup()
+	orig, err := sandbox.OwnCgroup()
 	if err != nil {
 		os.Remove(e.cgroup)
 		return nil, err
@@ -89,20 +90,6 @@ func (e *ebpfEnv) close() {
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		logf("ebpf: remove %s: %v", e.cgroup, err)
 	}
-}
-
-// ownCgroup returns this process's cgroup in the unified hierarchy.
-func ownCgroup() (string, error) {
-	b, err := os.ReadFile("/proc/self/cgroup")
-	if err != nil {
-		return "", err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if p, ok := strings.CutPrefix(line, "0::"); ok {
-			return p, nil
-		}
-	}
-	return "", errors.New("ebpf: no cgroup v2 line in /proc/self/cgroup")
 }
 
 // The map layouts of dataplane/ebpf (bpf/socklb.c, maps.go): addresses

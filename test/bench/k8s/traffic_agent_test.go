@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -92,26 +91,7 @@ func TestTrafficAgentModes(t *testing.T) {
 }
 
 func trafficAgentRun(t *testing.T, bin, mode string) trafficOutput {
-	s := sandbox.NewT(t, sandbox.Options{Prefix: "syka"})
-	for i, ip := range trafficBackends {
-		id := byte('a' + i)
-		pod, err := s.AddPod(fmt.Sprintf("traffic-%c", id), ip)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var l net.Listener
-		if err := pod.NS.Do(func() (err error) {
-			l, err = net.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", endpointPort))
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-		b := serveBackend(l, id)
-		t.Cleanup(b.close)
-	}
-	if err := trafficNodeSysctls(s.Node); err != nil {
-		t.Fatal(err)
-	}
+	s := trafficSandbox(t, "syka")
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "traffic.yaml"), []byte(trafficManifest), 0o644); err != nil {
 		t.Fatal(err)

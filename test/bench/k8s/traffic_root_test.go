@@ -47,26 +47,7 @@ func TestTrafficStaticDNAT(t *testing.T) {
 	}
 	defer func() { trafficClientArgv = old }()
 
-	s := sandbox.NewT(t, sandbox.Options{Prefix: "sykt"})
-	for i, ip := range trafficBackends {
-		id := byte('a' + i)
-		pod, err := s.AddPod(fmt.Sprintf("traffic-%c", id), ip)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var l net.Listener
-		if err := pod.NS.Do(func() (err error) {
-			l, err = net.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", endpointPort))
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-		b := serveBackend(l, id)
-		defer b.close()
-	}
-	if err := trafficNodeSysctls(s.Node); err != nil {
-		t.Fatal(err)
-	}
+	s := trafficSandbox(t, "sykt")
 	rules := filepath.Join(t.TempDir(), "vip.nft")
 	if err := os.WriteFile(rules, []byte(fmt.Sprintf(`table ip trafficvip {
 	chain out {
@@ -116,4 +97,31 @@ func TestTrafficStaticDNAT(t *testing.T) {
 	if err := waitVIPGone(wctx, s.Node, nil, vip); err != nil {
 		t.Errorf("waitVIPGone after the rule's deletion: %v", err)
 	}
+}
+
+// trafficSandbox makes a sandbox with the two traffic backends serving in
+// pods (closed at the test's end) and the node's client sysctls set.
+func trafficSandbox(t *testing.T, prefix string) *sandbox.Sandbox {
+	t.Helper()
+	s := sandbox.NewT(t, sandbox.Options{Prefix: prefix})
+	for i, ip := range trafficBackends {
+		id := byte('a' + i)
+		pod, err := s.AddPod(fmt.Sprintf("traffic-%c", id), ip)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var l net.Listener
+		if err := pod.NS.Do(func() (err error) {
+			l, err = net.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", endpointPort))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		b := serveBackend(l, id)
+		t.Cleanup(b.close)
+	}
+	if err := trafficNodeSysctls(s.Node); err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

@@ -13,8 +13,9 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"time"
+
+	"github.com/steelyard-net/steelyard/test/sandbox"
 )
 
 // trafficClientCmd is the first argument that makes k8s-bench the client.
@@ -71,7 +72,7 @@ func trafficClient(stdin io.Reader, stdout io.Writer) int {
 		return 2
 	}
 	out := measureTraffic(context.Background(), job)
-	out.Cgroup = ownCgroupV2()
+	out.Cgroup, _ = sandbox.OwnCgroup() // "" when unknown
 	if err := json.NewEncoder(stdout).Encode(out); err != nil {
 		fmt.Fprintln(os.Stderr, "traffic-client:", err)
 		return 2
@@ -134,19 +135,4 @@ func measureTraffic(ctx context.Context, job trafficJob) trafficOutput {
 		return &keepaliveConns{addr: [2]string{job.Direct, job.VIP}, timeout: job.Timeout}
 	}, job.Workers, 2*job.Duration, nil)
 	return out
-}
-
-// ownCgroupV2 is this process's cgroup in the unified hierarchy, "" when
-// unknown.
-func ownCgroupV2() string {
-	b, err := os.ReadFile("/proc/self/cgroup")
-	if err != nil {
-		return ""
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if p, ok := strings.CutPrefix(line, "0::"); ok {
-			return p
-		}
-	}
-	return ""
 }
