@@ -72,6 +72,10 @@ type maps struct {
 	// written by the programs only (held so it stays pinned).
 	members  bpfMap
 	affinity *ebpf.Map
+	// ids are the slot table IDs in use, as the last full sync of the
+	// tables found them plus what partial syncs wrote since (table.go);
+	// nil until a full sync read the maps.
+	ids *tableIDs
 }
 
 func (m *maps) Close() {

@@ -15,6 +15,9 @@ import (
 type bpfMap interface {
 	Put(key, value encoding.BinaryMarshaler) error
 	Delete(key encoding.BinaryMarshaler) error
+	// Lookup decodes key's value into v; false (and no error) when the
+	// map has no such key.
+	Lookup(key encoding.BinaryMarshaler, v encoding.BinaryUnmarshaler) (bool, error)
 	// Each decodes every entry into k and v and calls fn.
 	Each(k, v encoding.BinaryUnmarshaler, fn func()) error
 	Close() error
@@ -30,6 +33,16 @@ func (k kernelMap) Delete(key encoding.BinaryMarshaler) error {
 		return err
 	}
 	return nil
+}
+
+func (k kernelMap) Lookup(key encoding.BinaryMarshaler, v encoding.BinaryUnmarshaler) (bool, error) {
+	if err := k.m.Lookup(key, v); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return false, nil
+		}
+		return false, err
+	}
+	return true, nil
 }
 
 func (k kernelMap) Each(key, value encoding.BinaryUnmarshaler, fn func()) error {
@@ -82,6 +95,19 @@ func (m *MemMap) Delete(key encoding.BinaryMarshaler) error {
 	}
 	delete(m.entries, string(k))
 	return nil
+}
+
+// Lookup implements bpfMap.
+func (m *MemMap) Lookup(key encoding.BinaryMarshaler, v encoding.BinaryUnmarshaler) (bool, error) {
+	k, err := key.MarshalBinary()
+	if err != nil {
+		return false, err
+	}
+	b, ok := m.entries[string(k)]
+	if !ok {
+		return false, nil
+	}
+	return true, v.UnmarshalBinary(b)
 }
 
 // Each implements bpfMap, in key order.

@@ -106,6 +106,32 @@ func liveTables(m *maps) (map[svcKey]table, map[svcKey]svcVal, map[uint32][]uint
 	return out, vals, ids, nil
 }
 
+// tableIDs are the slot table IDs in use (maps.ids): a partial sync takes
+// a fresh one from here instead of reading the whole slots map back, which
+// at 30,000 Services is 300,000 entries per change.
+type tableIDs struct {
+	used map[uint32]bool
+	next uint32
+}
+
+// fresh returns an unused ID and marks it used.
+func (t *tableIDs) fresh() uint32 {
+	if t.next == 0 {
+		t.next = 1
+	}
+	for t.used[t.next] {
+		t.next++
+	}
+	t.used[t.next] = true
+	return t.next
+}
+
+// free marks id unused (its slots are deleted). It is not handed out
+// again before the next full sync starts the count over: a connect() that
+// read the old ID just before the switch must not find another port's
+// table under it.
+func (t *tableIDs) free(id uint32) { delete(t.used, id) }
+
 // syncTables makes the maps hold want for the IP family. Each changed port gets its table
 // written under a fresh ID first and then switches to it with one update
 // of its services entry, so a connect() sees the old table or the new,
@@ -114,45 +140,54 @@ func liveTables(m *maps) (map[svcKey]table, map[svcKey]svcVal, map[uint32][]uint
 //
 // only, when not nil, limits the sync to those keys (a partial Sync: the
 // VIPs of the Service ports it writes; want has no others): the entries of
-// other keys are neither compared nor deleted.
+// other keys are neither compared nor deleted, and only those keys' entries
+// and tables are read (by key, once a full sync has recorded the IDs in
+// use), so a partial sync costs what it changes, not the cluster's size.
 func syncTables(m *maps, want map[svcKey]table, family int, only map[svcKey]bool) (changed int, err error) {
-	live, vals, ids, err := liveTables(m)
+	var live map[svcKey]table
+	var vals map[svcKey]svcVal
+	var ids map[uint32][]uint32
+	partial := only != nil && m.ids != nil
+	if partial {
+		live, vals, ids, err = someTables(m, only)
+	} else {
+		live, vals, ids, err = liveTables(m)
+	}
 	if err != nil {
+		m.ids = nil
 		return 0, err
 	}
-	used := map[uint32]bool{}
-	for id := range ids {
-		used[id] = true
+	if !partial {
+		m.ids = &tableIDs{used: map[uint32]bool{}}
+		for id := range ids {
+			m.ids.used[id] = true
+		}
+		for _, v := range vals {
+			m.ids.used[v.ID] = true
+		}
 	}
-	for key, v := range vals {
-		used[v.ID] = true
+	for key := range vals {
 		if familyOf(key.Addr) != family {
 			// The other family's Sync owns it.
 			delete(vals, key)
 			delete(live, key)
 		}
 	}
-	next := uint32(1)
-	freshID := func() uint32 {
-		for used[next] {
-			next++
-		}
-		used[next] = true
-		return next
-	}
 	var errs []error
 	for key, t := range want {
 		if l, ok := live[key]; ok && slices.Equal(l.slots, t.slots) && l.affinity == t.affinity {
 			continue
 		}
-		id := freshID()
+		id := m.ids.fresh()
 		if err := writeTable(m, id, t.slots); err != nil {
 			deleteTable(m, id, len(t.slots))
+			m.ids.free(id)
 			errs = append(errs, fmt.Errorf("%s: %w", key.String(), err))
 			continue
 		}
 		if err := m.services.Put(key, svcVal{ID: id, Count: uint32(len(t.slots)), Affinity: t.affinity}); err != nil {
 			deleteTable(m, id, len(t.slots))
+			m.ids.free(id)
 			errs = append(errs, fmt.Errorf("%s: %w", key.String(), err))
 			continue
 		}
@@ -160,6 +195,7 @@ func syncTables(m *maps, want map[svcKey]table, family int, only map[svcKey]bool
 		if old, ok := vals[key]; ok {
 			deleteSlots(m, old.ID, ids[old.ID])
 			delete(ids, old.ID)
+			m.ids.free(old.ID)
 		}
 	}
 	for key, v := range vals {
@@ -173,6 +209,15 @@ func syncTables(m *maps, want map[svcKey]table, family int, only map[svcKey]bool
 		changed++
 		deleteSlots(m, v.ID, ids[v.ID])
 		delete(ids, v.ID)
+		m.ids.free(v.ID)
+	}
+	if partial {
+		if len(errs) > 0 {
+			// The next Sync is full (the engine's rule after an error)
+			// and reads the IDs back.
+			m.ids = nil
+		}
+		return changed, errors.Join(errs...)
 	}
 	// Tables no entry names any more (a crash between writing one and
 	// switching to it).
@@ -185,10 +230,46 @@ func syncTables(m *maps, want map[svcKey]table, family int, only map[svcKey]bool
 		for id, slots := range ids {
 			if !referenced[id] {
 				deleteSlots(m, id, slots)
+				m.ids.free(id)
 			}
 		}
 	}
+	if len(errs) > 0 {
+		m.ids = nil
+	}
 	return changed, errors.Join(errs...)
+}
+
+// someTables reads the services entries of keys and their tables by key
+// (liveTables' result for those keys only).
+func someTables(m *maps, keys map[svcKey]bool) (map[svcKey]table, map[svcKey]svcVal, map[uint32][]uint32, error) {
+	out := map[svcKey]table{}
+	vals := map[svcKey]svcVal{}
+	ids := map[uint32][]uint32{}
+	for key := range keys {
+		var v svcVal
+		ok, err := m.services.Lookup(key, &v)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("read services %s: %w", key.String(), err)
+		}
+		if !ok {
+			continue
+		}
+		vals[key] = v
+		t := table{key: key, slots: make([]backendVal, v.Count), affinity: v.Affinity}
+		for i := range t.slots {
+			// A missing slot stays invalid (zero), as in liveTables.
+			found, err := m.slots.Lookup(slotKey{ID: v.ID, Slot: uint32(i)}, &t.slots[i])
+			if err != nil {
+				return nil, nil, nil, fmt.Errorf("read slots of %s: %w", key.String(), err)
+			}
+			if found {
+				ids[v.ID] = append(ids[v.ID], uint32(i))
+			}
+		}
+		out[key] = t
+	}
+	return out, vals, ids, nil
 }
 
 func writeTable(m *maps, id uint32, slots []backendVal) error {
