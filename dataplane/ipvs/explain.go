@@ -237,6 +237,7 @@ func (p *Proxier) cleanup(deleteDummy bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.applied, p.ready = nil, false
+	p.eng.Reset()
 	p.draining = map[dataplane.VIP]map[netip.AddrPort]time.Time{}
 	isOurs, _, err := p.ours(nil)
 	if err != nil {

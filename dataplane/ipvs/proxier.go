@@ -39,6 +39,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/steelyard-net/steelyard/dataplane"
+	"github.com/steelyard-net/steelyard/dataplane/reconcile"
 	"github.com/steelyard-net/steelyard/internal/execx"
 	"github.com/steelyard-net/steelyard/internal/iptables"
 )
@@ -152,8 +153,11 @@ type Proxier struct {
 	mu sync.Mutex
 	// ready is set once the sysctls, interface, sets and rules are in place.
 	ready bool
-	// applied is what the last successful Sync left in the kernel, per VIP;
-	// nil forces a full Sync (at start and after a failure).
+	// eng runs the Syncs (the reconcile engine, sync.go).
+	eng *reconcile.Engine
+	// applied is what the last successful Sync left in the kernel, per VIP
+	// (nil at start and after a failure, when the engine makes the next
+	// Sync full).
 	applied map[dataplane.VIP]*liveService
 	// draining holds, per VIP and destination, when it started draining.
 	draining map[dataplane.VIP]map[netip.AddrPort]time.Time
@@ -194,7 +198,7 @@ var _ dataplane.Dataplane = (*Proxier)(nil)
 func NewProxier(ipvs Interface, links Links, sets Sets, ipt iptables.Interface, cfg Config) *Proxier {
 	cfg.defaults()
 	return &Proxier{ipvs: familyIPVS{ipvs, cfg.Family}, links: familyLinks{links, cfg.Family},
-		sets: familySets{sets, cfg.Family}, ipt: ipt, cfg: cfg,
+		sets: familySets{sets, cfg.Family}, ipt: ipt, cfg: cfg, eng: reconcile.New(),
 		draining: map[dataplane.VIP]map[netip.AddrPort]time.Time{}}
 }
 
@@ -250,156 +254,6 @@ type liveService struct {
 	// want is the desired virtual server it was last written from (nil
 	// when only read from the kernel): its set members, for partial Syncs.
 	want *wantService
-}
-
-// Sync reconciles the kernel with s by difference. A full Sync reads the
-// whole live IPVS table (steelyard's part of it), the dummy interface and the
-// sets, and re-ensures sysctls and rules; a partial one reads back only the
-// virtual servers whose desired state changed or that have draining
-// destinations. Unlike iptables-restore, IPVS has no transaction: a failed
-// write is reported, the rest still applied, and the next Sync is full.
-// While destinations drain, the result asks for another Sync soon, so they
-// are deleted shortly after their last connection ends.
-func (p *Proxier) Sync(s dataplane.State, req dataplane.SyncRequest) (dataplane.SyncResult, error) {
-	if err := p.sync(s, req); err != nil {
-		return dataplane.SyncResult{}, err
-	}
-	res := dataplane.SyncResult{Full: p.LastSync.Full}
-	if p.LastSync.Draining > 0 {
-		res.RequeueAfter = drainCheckInterval
-	}
-	return res, nil
-}
-
-func (p *Proxier) sync(s dataplane.State, req dataplane.SyncRequest) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.stopping() {
-		return ErrShutdown
-	}
-	start := p.cfg.Now()
-	nodeAddrs, err := p.nodeAddresses(s)
-	if err != nil {
-		return err
-	}
-	full := req.Full
-	if p.applied == nil || !p.ready {
-		full = true
-	}
-	req.Full = full
-	want := p.desired(s, nodeAddrs, req)
-	canaryMissing := false
-	var gone map[dataplane.VIP]bool
-	if !full {
-		switch missing, ok := p.canary(); {
-		case !ok:
-			// The interface or a VIP on it is gone, or the kernel could
-			// not be read: repair all.
-			full, canaryMissing = true, true
-		case len(missing) > 0:
-			// Another tool deleted virtual servers (ipvsadm -C): re-add
-			// just those, over netlink. A full Sync would also re-read
-			// the sets and the iptables rules, which such a flush does
-			// not touch: under TCG its ipset and iptables-save children
-			// made the repair take 0.7-2.6 s instead of milliseconds.
-			gone, canaryMissing = missing, true
-		}
-	}
-	stats := SyncStats{Full: full, CanaryMissing: canaryMissing, Services: len(want)}
-	if full {
-		if err := p.setup(); err != nil {
-			p.applied, p.ready = nil, false
-			return err
-		}
-	}
-	live, err := p.readLive(want, full, gone, &stats)
-	if err != nil {
-		p.applied = nil
-		return err
-	}
-
-	var errs []error
-	// Sets first: the masquerade rules must know a VIP before its first
-	// packet is forwarded.
-	if err := p.syncSets(want, full); err != nil {
-		errs = append(errs, err)
-	}
-	if err := p.syncAddresses(want, live, full); err != nil {
-		errs = append(errs, err)
-	}
-	now := p.cfg.Now()
-	applied := make(map[dataplane.VIP]*liveService, len(want))
-	for _, vip := range sortedVIPs(want) {
-		if p.stopping() {
-			errs = append(errs, ErrShutdown)
-			break
-		}
-		w := want[vip]
-		l := live[vip]
-		if gone[vip] {
-			// Its destinations went with it, the draining ones too.
-			delete(p.draining, vip)
-		}
-		if !full && l != nil && l == p.applied[vip] {
-			// readLive found it unchanged and not draining.
-			applied[vip] = l
-			continue
-		}
-		ls, n, err := p.syncService(w, l, now)
-		stats.DestWrites += n
-		if n > 0 || l == nil {
-			stats.ServicesWritten++
-		}
-		if err != nil {
-			errs = append(errs, err)
-		}
-		if ls != nil {
-			applied[vip] = ls
-		}
-	}
-	for _, vip := range sortedVIPs(live) {
-		if _, ok := want[vip]; ok {
-			continue
-		}
-		if p.stopping() {
-			errs = append(errs, ErrShutdown)
-			break
-		}
-		l := live[vip]
-		if err := p.ipvs.DeleteVirtualServer(l.vs); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		delete(p.draining, vip)
-		stats.ServicesWritten++
-		log.WithFields(logrus.Fields{fieldVIP: vip.String(), fieldSvc: l.name}).Debug("deleted virtual server")
-	}
-	for vip := range p.draining {
-		if _, ok := want[vip]; !ok {
-			delete(p.draining, vip)
-		}
-	}
-	if err := p.removeStaleAddresses(want, full); err != nil {
-		errs = append(errs, err)
-	}
-	for _, d := range p.draining {
-		stats.Draining += len(d)
-	}
-	if len(errs) > 0 {
-		// Redo everything next time, the sets and rules included.
-		p.applied, p.ready = nil, false
-		return errors.Join(errs...)
-	}
-	p.applied = applied
-	p.appliedWant = make(map[dataplane.VIP]*wantService, len(want))
-	for vip, w := range want {
-		if applied[vip] != nil && len(p.draining[vip]) == 0 {
-			p.appliedWant[vip] = w
-		}
-	}
-	stats.Took = p.cfg.Now().Sub(start)
-	p.LastSync = stats
-	return nil
 }
 
 func sortedVIPs[T any](m map[dataplane.VIP]T) []dataplane.VIP {
