@@ -3,6 +3,7 @@ package controller
 import (
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -66,5 +67,37 @@ func KubeProxyCompatHandler(mode string, read LocalhostAccepted) http.Handler {
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		fmt.Fprint(w, mode)
 	})
+	return mux
+}
+
+// KubeProxyHealthHandler serves /healthz and /livez in the shape of
+// kube-proxy's health server (--healthz-bind-address, 0.0.0.0:10256): a
+// JSON object whose "lastUpdated" is the last successful sync and
+// "currentTime" the time of the answer, 200 while syncs succeed and 503
+// once the last success is older than h's timeout. Load balancers that
+// probe nodes at kube-proxy's port, and Kubernetes' e2e test "should check
+// kube-proxy urls" (it looks for `"lastUpdated": ` in the body, with the
+// space), read it. Off unless asked for (run
+// --kube-proxy-healthz-bind-address): the agent's own /healthz keeps its
+// port, so the two can run beside kube-proxy during a migration.
+func KubeProxyHealthHandler(h *Health) http.Handler {
+	answer := func(w http.ResponseWriter, _ *http.Request) {
+		ok, last := h.Healthy()
+		if last.IsZero() {
+			// kube-proxy reports its start time before the first sync.
+			last = h.started
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		if !ok {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		// Written by hand: encoding/json leaves out the space after the
+		// colon that the e2e test matches.
+		fmt.Fprintf(w, "{\"lastUpdated\": %q, \"currentTime\": %q}", last.UTC().Format(time.RFC3339Nano), h.Clock.Now().UTC().Format(time.RFC3339Nano))
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", answer)
+	mux.HandleFunc("/livez", answer)
 	return mux
 }

@@ -82,3 +82,24 @@ func TestHealthReadyC(t *testing.T) {
 		t.Fatal("not ready after a successful sync")
 	}
 }
+
+// The kube-proxy shaped /healthz: 200 with "lastUpdated": <last sync>
+// (kube-proxy's format, as the e2e test matches it), 503 when stale.
+func TestKubeProxyHealthHandler(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 7, 3, 0, 0, 0, time.UTC))
+	h := NewHealth(time.Minute, clk)
+	clk.Step(5 * time.Second)
+	h.Synced()
+	clk.Step(10 * time.Second)
+	for _, path := range []string{"/healthz", "/livez"} {
+		code, body := get(t, KubeProxyHealthHandler(h), path)
+		want := `{"lastUpdated": "2026-12-07T03:00:05Z", "currentTime": "2026-12-07T03:00:15Z"}`
+		if code != http.StatusOK || body != want {
+			t.Errorf("%s: %d %q, want 200 %q", path, code, body, want)
+		}
+	}
+	clk.Step(61 * time.Second)
+	if code, body := get(t, KubeProxyHealthHandler(h), "/healthz"); code != http.StatusServiceUnavailable || !strings.Contains(body, `"lastUpdated": "2026-12-07T03:00:05Z"`) {
+		t.Errorf("stale: %d %q", code, body)
+	}
+}

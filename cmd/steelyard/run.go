@@ -96,21 +96,22 @@ func (f *dataplaneFlags) register(cmd *cobra.Command, withConfig bool) {
 
 func newRunCommand() *cobra.Command {
 	var (
-		dp             dataplaneFlags
-		manifests      string
-		kubeconfig     string
-		nodeName       string
-		proxyName      string
-		metricsAddr    string
-		kubeProxyAddr  string
-		healthzAddr    string
-		syncPeriod     time.Duration
-		minSyncPeriod  time.Duration
-		fullSyncPeriod time.Duration
-		ing            ingressFlags
-		node           nodeFlags
-		gw             gatewayFlags
-		detectLocal    string
+		dp                   dataplaneFlags
+		manifests            string
+		kubeconfig           string
+		nodeName             string
+		proxyName            string
+		metricsAddr          string
+		kubeProxyAddr        string
+		kubeProxyHealthzAddr string
+		healthzAddr          string
+		syncPeriod           time.Duration
+		minSyncPeriod        time.Duration
+		fullSyncPeriod       time.Duration
+		ing                  ingressFlags
+		node                 nodeFlags
+		gw                   gatewayFlags
+		detectLocal          string
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -187,6 +188,9 @@ func newRunCommand() *cobra.Command {
 			localhost := localhostCounter(dp.mode, dp.localhostNodePorts)
 			metrics.WatchLocalhostNodePorts(localhost)
 			if err := serveKubeProxyCompat(ctx, kubeProxyAddr, dp.mode, localhost); err != nil {
+				return err
+			}
+			if err := serve(ctx, "kube-proxy-healthz", kubeProxyHealthzAddr, "/", controller.KubeProxyHealthHandler(health)); err != nil {
 				return err
 			}
 			mode, err := lookupMode(dp.mode)
@@ -278,6 +282,7 @@ func newRunCommand() *cobra.Command {
 	cmd.Flags().StringVar(&proxyName, "service-proxy-name", "", "handle only Services labelled service.kubernetes.io/service-proxy-name=<this> (run beside kube-proxy); empty: every Service without that label")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-bind-address", "127.0.0.1:10279", "address of /metrics (kube-proxy's is :10249); empty: off")
 	cmd.Flags().StringVar(&kubeProxyAddr, "kube-proxy-metrics-bind-address", "", "address of a kube-proxy compatible endpoint for tools written against kube-proxy (kube-proxy's metrics address is 127.0.0.1:10249): /proxyMode and kubeproxy_iptables_localhost_nodeports_accepted_packets_total on /metrics; empty: off")
+	cmd.Flags().StringVar(&kubeProxyHealthzAddr, "kube-proxy-healthz-bind-address", "", "address of a kube-proxy compatible /healthz and /livez (kube-proxy's is 0.0.0.0:10256), for load balancers and tools that probe nodes at kube-proxy's port; empty: off")
 	cmd.Flags().StringVar(&healthzAddr, "healthz-bind-address", "0.0.0.0:10276", "address of /healthz and /readyz (kube-proxy's is :10256); empty: off")
 	cmd.Flags().DurationVar(&syncPeriod, "sync-period", 30*time.Second, "periodic sync interval: writes what changed and checks a canary rule (a flushed table forces a full resync)")
 	cmd.Flags().DurationVar(&fullSyncPeriod, "full-sync-period", time.Hour, "full resync interval: reads the kernel back and rewrites what differs, repairing rules changed by hand")

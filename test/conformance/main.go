@@ -272,10 +272,12 @@ type result struct {
 }
 
 // steelyardArgs are added to the agent's flags from manifests/: the opt-in
-// kube-proxy compatible endpoint at kube-proxy's own address, which the
-// KubeProxy metric test reads (/proxyMode, the localhost node port
-// counter). It is the only flag the run adds.
-var steelyardArgs = []string{"--kube-proxy-metrics-bind-address=127.0.0.1:10249"}
+// kube-proxy compatible endpoints at kube-proxy's own addresses, which
+// steelyard serves where it replaces kube-proxy: the metrics one (the
+// KubeProxy metric test reads /proxyMode and the localhost node port
+// counter) and the health one ("should check kube-proxy urls" reads
+// 10256/healthz). They are the only flags the run adds.
+var steelyardArgs = []string{"--kube-proxy-metrics-bind-address=127.0.0.1:10249", "--kube-proxy-healthz-bind-address=0.0.0.0:10256"}
 
 func runProxy(ctx context.Context, cfg config, rules List, proxy, e2e, ginkgo string) (result, error) {
 	r := result{proxy: proxy}
