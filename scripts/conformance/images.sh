@@ -9,7 +9,10 @@
 #       with bind-tools curl netcat-openbsd iproute2 bash util-linux socat
 #       (and busybox's wget, which the tests also call);
 #       this one is Debian bookworm (scripts/node/rootfs.sh) with the same.
-#       Imported after the node's bare agnhost, it replaces it.
+#       Imported after the node's bare agnhost, it replaces it. Its
+#       /var/registry holds the node's pause image as pause:testing for
+#       fake-registry-server ("LocalhostNodePorts should let a node pull an
+#       image from a registry exposed via localhost NodePort").
 #   registry.k8s.io/e2e-test-images/busybox:1.37.0-2   the same userland
 #       alone (a few Service tests run their client in busybox: sh, env).
 #   registry.k8s.io/coredns/coredns:steelyard-conformance   CoreDNS (the
@@ -51,7 +54,10 @@ export CGO_ENABLED=0
 (cd "$node/images" && "$go" build -trimpath -o "$tmp/imagebuild" .)
 
 rootfs=$(ROOTFS_PACKAGES=$userland "$node/rootfs.sh")
-key=$( (basename "$rootfs"; echo "$agnhost_ref porter-certs"; cat "$node/agnhost/go.mod") | sha256sum | cut -c1-12)
+# The node's pause image, which agnhost's fake-registry-server serves as
+# pause:testing from /var/registry, as upstream's agnhost image does.
+pause=$(readlink -f "$("$node/images.sh")/pause.tar")
+key=$( (basename "$rootfs"; echo "$agnhost_ref porter-certs registry"; basename "$pause"; cat "$node/agnhost/go.mod") | sha256sum | cut -c1-12)
 agnhost=$dir/agnhost-e2e-$key.tar
 if [[ ! -s $agnhost ]]; then
 	t0=$SECONDS
@@ -61,7 +67,7 @@ if [[ ! -s $agnhost ]]; then
 	src=$(cd "$node/agnhost" && "$go" list -mod=readonly -f '{{.Dir}}' k8s.io/kubernetes/test/images/agnhost/porter)
 	"$tmp/imagebuild" --name "$agnhost_ref" --out "$agnhost" --layer "$rootfs" \
 		--file "$tmp/agnhost:/agnhost:0755" --file "$src/localhost.crt:/localhost.crt:0644" \
-		--file "$src/localhost.key:/localhost.key:0644" --entrypoint /agnhost --cmd pause
+		--file "$src/localhost.key:/localhost.key:0644" --registry "$pause:pause:testing" --entrypoint /agnhost --cmd pause
 	find "$dir" -maxdepth 1 -name 'agnhost-e2e-*.tar' -mmin +720 -delete # older keys are garbage; by age, so a concurrent checkout keeps its own
 	echo "conformance images: agnhost with a userland built in $((SECONDS - t0)) s" >&2
 fi

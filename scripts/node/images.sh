@@ -59,14 +59,18 @@ if [[ ! -s $pause ]]; then
 	echo "images: pause built in $(($(date +%s) - t0)) s" >&2
 fi
 
-# agnhost: keyed by its version (it comes from k8s.io/kubernetes $k8s_version).
-agnhost=$dir/agnhost-$agnhost_version.tar
+# agnhost: keyed by its version (it comes from k8s.io/kubernetes $k8s_version)
+# and the pause image it carries: upstream's image fills /var/registry with
+# registry.k8s.io's pause:3.10.2 as pause:testing for fake-registry-server
+# (the e2e LocalhostNodePorts test pulls it through a localhost node port);
+# ours lays out our pause image there (images/main.go --registry).
+agnhost=$dir/agnhost-$agnhost_version-$(basename "$pause" .tar | sed 's/^pause-//').tar
 if [[ ! -s $agnhost ]]; then
 	t0=$(date +%s)
 	(cd "$here/agnhost" && CGO_ENABLED=0 "$go" build -trimpath -ldflags "-s -w" -o "$tmp/agnhost" k8s.io/kubernetes/test/images/agnhost)
 	"$tmp/agnhost" --help >/dev/null
 	"$tmp/imagebuild" --name "registry.k8s.io/e2e-test-images/agnhost:$agnhost_version" --out "$agnhost" \
-		--file "$tmp/agnhost:/agnhost:0755" --entrypoint /agnhost
+		--file "$tmp/agnhost:/agnhost:0755" --registry "$pause:pause:testing" --entrypoint /agnhost
 	echo "images: agnhost $agnhost_version (k8s.io/kubernetes $k8s_version) built in $(($(date +%s) - t0)) s" >&2
 fi
 
