@@ -248,15 +248,17 @@ cluster-down:
 # nftables, kube-proxy iptables and nftables (the references); one table,
 # and each proxy's summary in docs/conformance/<proxy>.json (commit them,
 # then `make docs`). Fails when a selected spec fails for a steelyard proxy.
-# Not part of test (tens of minutes). PROXIES=kube-proxy,... picks some,
+# Not part of test (tens of minutes). PROXIES=kube-proxy,... picks some;
+# PROXIES=steelyard-ebpf (not in the default list yet) runs the chart's mode
+# ebpf on every node (rendered by bin/steelyard-chart template),
 # FOCUS=regexp narrows the run, GINKGO_NODES sets ginkgo's parallelism
 # (default 4), TIMEOUT ginkgo's timeout per proxy (default 90m), PARALLEL=1
 # runs the proxies at once, a cluster each
 # (docs/conformance.md; focus and skip rules in test/conformance/skip.txt).
-conformance: node-deps
+conformance: node-deps chart-tool
 	$(GO) build -o bin/steelyard-conformance ./test/conformance
 	e2e=$$(scripts/conformance/build.sh) && images=$$($(ROOT) scripts/conformance/images.sh) && \
-	$(ROOT) env $(NODE_ENV) bin/steelyard-conformance --e2e-dir "$$e2e" --images-dir "$$images" \
+	$(ROOT) env $(NODE_ENV) bin/steelyard-conformance --e2e-dir "$$e2e" --images-dir "$$images" --chart-bin bin/steelyard-chart \
 	  --proxies "$(PROXIES)" --focus "$(FOCUS)" --nodes "$(or $(NODES),3)" --ginkgo-nodes "$(or $(GINKGO_NODES),4)" \
 	  $(if $(TIMEOUT),--timeout "$(TIMEOUT)") $(if $(PARALLEL),--parallel)
 

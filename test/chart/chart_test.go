@@ -369,3 +369,48 @@ func TestChartVersion(t *testing.T) {
 		}
 	}
 }
+
+// TestTemplate: template writes the chart rendered with -set values, one
+// file a template. make conformance's steelyard-ebpf proxy
+// (test/conformance/ebpf.go) renders mode ebpf so and, before applying it,
+// gives the volume mount named "cgroup" a subPathExpr per node: that mount
+// must exist, at the directory the agent's --cgroup-path names, on a
+// hostPath volume of the same name. A value the schema rejects renders
+// nothing.
+func TestTemplate(t *testing.T) {
+	dir := t.TempDir()
+	set := setFlags{"mode=ebpf", "ebpf.cgroupPath=/sys/fs/cgroup/unified/c1"}
+	if err := cmdTemplate(chartDir, "", dir, set); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{}
+	for _, f := range []string{"00-namespace.yaml", "10-rbac.yaml", "20-config.yaml", "30-daemonset.yaml"} {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[f] = string(b)
+	}
+	if got := configMaps(t, files)["steelyard-config"]["MODE"]; got != "ebpf" {
+		t.Errorf("steelyard-config MODE %q, want ebpf", got)
+	}
+	spec := daemonSet(t, files).Spec.Template.Spec
+	agent := spec.Containers[0]
+	var mount *corev1.VolumeMount
+	for i := range agent.VolumeMounts {
+		if agent.VolumeMounts[i].Name == "cgroup" {
+			mount = &agent.VolumeMounts[i]
+		}
+	}
+	if mount == nil || !slices.Contains(agent.Args, "--cgroup-path="+mount.MountPath) {
+		t.Errorf("mode ebpf: mount %+v, args %q: want a mount named cgroup at the --cgroup-path", mount, agent.Args)
+	}
+	if !slices.ContainsFunc(spec.Volumes, func(v corev1.Volume) bool {
+		return v.Name == "cgroup" && v.HostPath != nil && v.HostPath.Path == "/sys/fs/cgroup/unified/c1"
+	}) {
+		t.Errorf("mode ebpf: volumes %+v lack the hostPath cgroup /sys/fs/cgroup/unified/c1", spec.Volumes)
+	}
+	if err := cmdTemplate(chartDir, "", t.TempDir(), setFlags{"mode=ebpf", "ebpf.cgroupPath=/tmp/x"}); err == nil || !strings.Contains(err.Error(), "cgroupPath") {
+		t.Errorf("ebpf.cgroupPath=/tmp/x: %v, want the schema's error naming cgroupPath", err)
+	}
+}

@@ -48,6 +48,34 @@ func cmdRender(chartDir, dir string) error {
 	return nil
 }
 
+// cmdTemplate writes the chart rendered with the -set values into dir, one
+// file a template by its path under templates/ (helm template): what a
+// harness applies with kubectl when it must change an object before the
+// first pod starts. Values are checked against the schema as install
+// checks them; lookup finds nothing (no cluster), as in helm template.
+func cmdTemplate(chartDir, version, dir string, set setFlags) error {
+	if dir == "" {
+		return errors.New("-out is required")
+	}
+	c, vals, err := chartAndValues(chartDir, version, set)
+	if err != nil {
+		return err
+	}
+	files, err := Render(c, vals)
+	if err != nil {
+		return err
+	}
+	tree := map[string][]byte{}
+	for rel, text := range files {
+		tree[rel] = []byte(text)
+	}
+	if err := writeTree(dir, tree); err != nil {
+		return err
+	}
+	fmt.Printf("rendered %d files from %s with %d values into %s\n", len(tree), chartDir, len(set), dir)
+	return nil
+}
+
 // writeTree writes each file of tree under dir.
 func writeTree(dir string, tree map[string][]byte) error {
 	for _, rel := range sortedKeys(tree) {

@@ -5,6 +5,9 @@
 //
 //	steelyard-iptables   steelyard from manifests/, MODE=iptables
 //	steelyard-nftables   steelyard from manifests/, MODE=nftables
+//	steelyard-ebpf       steelyard from the chart, mode ebpf, each node's
+//	                     own cgroup and bpffs (ebpf.go); not in the
+//	                     default list until it has run
 //	kube-proxy           kube-proxy v1.37.2, iptables mode, a process in
 //	                     each node's namespaces (a reference)
 //	kube-proxy-nftables  the same in nftables mode (a reference)
@@ -36,6 +39,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -48,7 +52,12 @@ import (
 )
 
 // proxies are the dataplanes the runner knows, in table order.
-var proxies = []string{"steelyard-iptables", "steelyard-nftables", "kube-proxy", "kube-proxy-nftables"}
+var proxies = []string{"steelyard-iptables", "steelyard-nftables", ebpfProxy, "kube-proxy", "kube-proxy-nftables"}
+
+// defaultProxies are the ones a run without --proxies runs: not
+// steelyard-ebpf yet, which has not run on this cluster (docs/conformance.md;
+// --proxies=steelyard-ebpf runs it).
+var defaultProxies = []string{"steelyard-iptables", "steelyard-nftables", "kube-proxy", "kube-proxy-nftables"}
 
 // extraControllers are the kube-controller-manager controllers the suite
 // needs beyond the node's own set: the Service tests create their
@@ -60,7 +69,10 @@ var extraControllers = []string{"replicationcontroller-controller", "endpoints-c
 type config struct {
 	imagesDir,
 	e2eDir, skipFile, manifests, out, focus, summaryDir string
-	proxies []string
+	// chart and chartBin render the chart for steelyard-ebpf
+	// (steelyard-chart template).
+	chart, chartBin string
+	proxies         []string
 	// nodes is the number of Kubernetes nodes, procs ginkgo's parallel
 	// processes (its own --nodes).
 	nodes, procs int
@@ -77,7 +89,9 @@ func main() {
 	flag.StringVar(&cfg.manifests, "manifests", "manifests", "steelyard's manifests/")
 	flag.StringVar(&cfg.out, "out", "", "results directory (default /tmp/steelyard-conformance-<pid>)")
 	flag.StringVar(&cfg.focus, "focus", "", "regexp replacing skip.txt's focus lines (a narrow run); its skip lines still apply")
-	flag.StringVar(&list, "proxies", strings.Join(proxies, ","), "comma-separated: "+strings.Join(proxies, ", "))
+	flag.StringVar(&cfg.chart, "chart", "charts/steelyard", "steelyard's chart (steelyard-ebpf)")
+	flag.StringVar(&cfg.chartBin, "chart-bin", "bin/steelyard-chart", "steelyard-chart (make chart-tool), which renders the chart for steelyard-ebpf")
+	flag.StringVar(&list, "proxies", strings.Join(defaultProxies, ","), "comma-separated, from: "+strings.Join(proxies, ", "))
 	flag.IntVar(&cfg.nodes, "nodes", 3, "Kubernetes nodes per proxy's cluster (the multi-node and zone specs need 2 and 3)")
 	flag.IntVar(&cfg.procs, "ginkgo-nodes", 4, "ginkgo's parallel processes (ginkgo calls them nodes)")
 	flag.BoolVar(&cfg.parallel, "parallel", false, "run the proxies at the same time, a node each (faster; wall times then include the contention)")
@@ -91,17 +105,9 @@ func main() {
 		}
 		return
 	}
-	if strings.TrimSpace(list) == "" {
-		list = strings.Join(proxies, ",")
-	}
-	for _, p := range strings.Split(list, ",") {
-		if p = strings.TrimSpace(p); p == "" {
-			continue
-		}
-		if !known(p) {
-			log.Fatalf("conformance: unknown proxy %q (want %s)", p, strings.Join(proxies, ", "))
-		}
-		cfg.proxies = append(cfg.proxies, p)
+	var err error
+	if cfg.proxies, err = parseProxies(list); err != nil {
+		log.Fatalf("conformance: %v", err)
 	}
 	if cfg.out == "" {
 		cfg.out = fmt.Sprintf("/tmp/steelyard-conformance-%d", os.Getpid())
@@ -118,13 +124,23 @@ func main() {
 	}
 }
 
-func known(p string) bool {
-	for _, k := range proxies {
-		if k == p {
-			return true
-		}
+// parseProxies reads --proxies: known names, comma-separated, in the
+// order given; empty means defaultProxies.
+func parseProxies(list string) ([]string, error) {
+	if strings.TrimSpace(list) == "" {
+		return slices.Clone(defaultProxies), nil
 	}
-	return false
+	var out []string
+	for _, p := range strings.Split(list, ",") {
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
+		if !slices.Contains(proxies, p) {
+			return nil, fmt.Errorf("unknown proxy %q (want %s)", p, strings.Join(proxies, ", "))
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }
 
 func run(cfg config) error {
@@ -148,8 +164,15 @@ func run(cfg config) error {
 		rules.Focus = []Rule{{Regex: re, Reason: "--focus"}}
 	}
 	rules = familyRules(rules, dualStack(cfg.nodes))
-	if cfg.manifests, err = filepath.Abs(cfg.manifests); err != nil {
-		return err
+	for _, p := range []*string{&cfg.manifests, &cfg.chart, &cfg.chartBin} {
+		if *p, err = filepath.Abs(*p); err != nil {
+			return err
+		}
+	}
+	if slices.Contains(cfg.proxies, ebpfProxy) {
+		if _, err := os.Stat(cfg.chartBin); err != nil {
+			return fmt.Errorf("%s needs steelyard-chart (make chart-tool): %w", ebpfProxy, err)
+		}
 	}
 	if err := os.MkdirAll(cfg.out, 0o755); err != nil {
 		return err
@@ -314,6 +337,14 @@ func runProxy(ctx context.Context, cfg config, rules List, proxy, e2e, ginkgo st
 		err = c.Install(ctx, []string{cfg.manifests}, map[string]string{"MODE": "iptables"}, steelyardArgs...)
 	case "steelyard-nftables":
 		err = c.Install(ctx, []string{cfg.manifests}, map[string]string{"MODE": "nftables"}, steelyardArgs...)
+	case ebpfProxy:
+		chart := filepath.Join(dir, "chart")
+		if err = renderEBPF(ctx, cfg, c, chart); err == nil {
+			err = c.Install(ctx, []string{chart}, nil, steelyardArgs...)
+		}
+		if err == nil {
+			err = checkEBPF(ctx, c, dir)
+		}
 	case "kube-proxy":
 		err = c.StartKubeProxy(ctx, "iptables")
 	case "kube-proxy-nftables":

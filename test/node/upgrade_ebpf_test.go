@@ -245,29 +245,15 @@ func conntrackPorts(t *testing.T, vip netip.Addr) map[string]bool {
 
 // pinsAndLinks returns what the ebpf mode holds on the node: the pins
 // under its bpffs (/sys/fs/bpf/steelyard, in the node's mount namespace)
-// and the programs attached to cgroup (bpftool).
+// and the programs attached to cgroup, the node's (cluster.Node.EBPFState).
 func pinsAndLinks(t *testing.T, cgroup string) (pins []string, attached []string) {
 	t.Helper()
-	if out, err := node.Nodes[0].Exec(t.Context(), "find", "/sys/fs/bpf/steelyard"); err == nil {
-		pins = strings.Fields(out)
-	} else if !strings.Contains(out, "No such file") {
-		t.Fatalf("the node's bpffs: %v", err)
+	if own := node.Nodes[0].UnifiedCgroup(); own != cgroup {
+		t.Fatalf("pinsAndLinks(%s): the node's cgroup is %s", cgroup, own)
 	}
-	out, err := exec.CommandContext(t.Context(), "bpftool", "-j", "cgroup", "show", cgroup).Output()
+	pins, attached, err := node.Nodes[0].EBPFState(t.Context(), "/sys/fs/bpf/steelyard")
 	if err != nil {
-		t.Fatalf("bpftool cgroup show %s: %v", cgroup, err)
-	}
-	var progs []struct {
-		Name       string `json:"name"`
-		AttachType string `json:"attach_type"`
-	}
-	if len(strings.TrimSpace(string(out))) > 0 {
-		if err := json.Unmarshal(out, &progs); err != nil {
-			t.Fatalf("bpftool cgroup show %s: %v: %s", cgroup, err, out)
-		}
-	}
-	for _, p := range progs {
-		attached = append(attached, p.AttachType+":"+p.Name)
+		t.Fatal(err)
 	}
 	return pins, attached
 }
