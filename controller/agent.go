@@ -75,6 +75,9 @@ type Agent struct {
 	// applied is the last State a Sync applied (for Conntrack), nil
 	// before the first successful sync.
 	applied *dataplane.State
+	// conntrackRetry: the last deletion failed, the next compares every
+	// UDP port with applied.
+	conntrackRetry bool
 	// requeue is the pending Requeue call, if any (under requeueMu: it
 	// fires on its own goroutine).
 	requeueMu sync.Mutex
@@ -264,7 +267,7 @@ func (a *Agent) Sync() error {
 	a.lastRouted = routed
 	a.last, a.lastBad = &state, bad
 	a.scheduleRequeue(clk, res.RequeueAfter)
-	a.cleanConntrack(state)
+	a.cleanConntrack(state, req.Changed)
 	if n, ok := a.Routes.(ProgrammedNotifier); ok {
 		n.Programmed()
 	}
