@@ -352,6 +352,10 @@ func (b *Builder) reindex(services []*corev1.Service, sls []*discoveryv1.Endpoin
 // rebuildAll rebuilds every Service from the objects held: the full
 // rebuild, and the repair path.
 func (b *Builder) rebuildAll() {
+	// The last State's array holds the old builds' ports and Backends:
+	// let them go before building everything again, or both are live at
+	// the peak of a full sync.
+	b.assembled = nil
 	b.built = make(map[types.NamespacedName]*builtService, len(b.services))
 	b.builtProblems = map[types.NamespacedName]bool{}
 	b.order = make([]orderKey, 0, len(b.services))
