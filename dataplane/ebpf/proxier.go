@@ -324,13 +324,17 @@ func (o *tableOps) Commit(bool) error {
 	if err != nil {
 		return err
 	}
+	var old map[svcKey]table
+	if only != nil && o.p.byKey != nil {
+		old = o.oldWant(only)
+	}
 	o.index()
 	want := o.want(only)
-	cs, err := prepareCounts(m, want, o.p.family, o.p.k.cfg.CountConnections, only)
+	cs, err := prepareCounts(m, want, o.p.family, o.p.k.cfg.CountConnections, only, old)
 	if err != nil {
 		return fmt.Errorf("socket counters: %w", err)
 	}
-	if err := syncMembers(m, want, o.p.family, only); err != nil {
+	if err := syncMembers(m, want, o.p.family, only, old); err != nil {
 		return fmt.Errorf("socket affinity: %w", err)
 	}
 	o.changed, err = syncTables(m, want, o.p.family, only)
@@ -379,6 +383,42 @@ func (p *Proxier) indexAdd(n dataplane.ServicePortName, sp *dataplane.ServicePor
 		p.byKey[key] = map[dataplane.ServicePortName]bool{}
 	}
 	p.byKey[key][n] = true
+}
+
+// oldWant returns what the last Sync wanted for the VIPs of only (want
+// before this Sync's changes): the ports byKey still lists under them, at
+// their value before this Sync touched them. Called before index moves
+// byKey on.
+func (o *tableOps) oldWant(only map[svcKey]bool) map[svcKey]table {
+	before := map[dataplane.ServicePortName]*dataplane.ServicePort{}
+	for _, t := range o.touched {
+		if _, seen := before[t.n]; !seen {
+			before[t.n] = t.old
+		}
+	}
+	var names []dataplane.ServicePortName
+	for key := range only {
+		for n := range o.p.byKey[key] {
+			names = append(names, n)
+		}
+	}
+	slices.SortFunc(names, func(a, b dataplane.ServicePortName) int { return strings.Compare(a.String(), b.String()) })
+	out := make(map[svcKey]table, len(names))
+	for _, n := range names {
+		sp, ok := before[n]
+		if !ok {
+			sp = o.applied[n]
+		}
+		if sp == nil {
+			continue
+		}
+		if _, ok := svcKeyOf(sp.VIP); !ok {
+			continue
+		}
+		t := tableOf(sp)
+		out[t.key] = t
+	}
+	return out
 }
 
 // want returns the tables of the recorded ports whose VIP is in only (nil:
