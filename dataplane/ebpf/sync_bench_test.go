@@ -71,28 +71,32 @@ func (discardNFT) List(context.Context, string) ([]string, error) { return nil, 
 // discards it (discardNFT): its real cost is that plus a netlink write
 // that grows with the cluster, so map-p50 of nft-first is a lower bound of
 // what the map waited for before. order=nft-first is the order before the
-// maps went first.
+// maps went first. counting=on is --count-connections (a counter per VIP
+// and endpoint, a name per VIP).
 func BenchmarkChangeToMap(b *testing.B) {
 	for _, n := range []int{1000, 30000} {
-		for _, first := range []bool{true, false} {
-			order := "maps-first"
-			if first {
-				order = "nft-first"
+		for _, counting := range []bool{false, true} {
+			for _, first := range []bool{true, false} {
+				order := "maps-first"
+				if first {
+					order = "nft-first"
+				}
+				on := map[bool]string{false: "off", true: "on"}[counting]
+				b.Run(fmt.Sprintf("services=%d/counting=%s/order=%s", n, on, order), func(b *testing.B) {
+					defer func(v bool) { nftFirst = v }(nftFirst)
+					nftFirst = first
+					benchChangeToMap(b, n, counting)
+				})
 			}
-			b.Run(fmt.Sprintf("services=%d/order=%s", n, order), func(b *testing.B) {
-				defer func(v bool) { nftFirst = v }(nftFirst)
-				nftFirst = first
-				benchChangeToMap(b, n)
-			})
 		}
 	}
 }
 
-func benchChangeToMap(b *testing.B, n int) {
+func benchChangeToMap(b *testing.B, n int, counting bool) {
 	s := benchState(n)
 	nft := nftables.NewDualStack(discardNFT{knftables.NewFake(knftables.IPv4Family, nftables.TableName)},
 		discardNFT{knftables.NewFake(knftables.IPv6Family, nftables.TableName)}, nftables.Config{})
-	d := NewDualStackMem(nft, false)
+	d := NewDualStackMem(nft, counting)
 	if _, err := d.Sync(s, dataplane.FullSync); err != nil {
 		b.Fatal(err)
 	}
