@@ -37,19 +37,30 @@ func dumpElems(c *nlConn, family byte, set string) ([]gnft.SetElement, error) {
 	}
 	var out []gnft.SetElement
 	for _, b := range replies {
-		list := attrGet(b, unix.NFTA_SET_ELEM_LIST_ELEMENTS)
-		if err := eachAttr(list, func(typ uint16, e []byte) error {
+		if out, err = decodeElemList(out, b); err != nil {
+			return nil, fmt.Errorf("set %s: %w", set, err)
+		}
+	}
+	return out, nil
+}
+
+// decodeElemList appends the elements of one GETSETELEM reply (its
+// attributes, after the nfgenmsg header) to out.
+func decodeElemList(out []gnft.SetElement, b []byte) ([]gnft.SetElement, error) {
+	err := eachAttr(b, func(typ uint16, list []byte) error {
+		if typ != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
+			return nil
+		}
+		return eachAttr(list, func(typ uint16, e []byte) error {
 			if typ != unix.NFTA_LIST_ELEM {
 				return nil
 			}
 			x, err := decodeElem(e)
 			out = append(out, x)
 			return err
-		}); err != nil {
-			return nil, fmt.Errorf("set %s: %w", set, err)
-		}
-	}
-	return out, nil
+		})
+	})
+	return out, err
 }
 
 // decodeElem decodes one NFTA_LIST_ELEM's attributes.
