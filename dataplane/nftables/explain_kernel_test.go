@@ -277,7 +277,10 @@ func compareWithModel(t *testing.T, p *Proxier, s dataplane.State, what string) 
 // BenchmarkExplainSources prints what one Explain costs on a table of
 // STEELYARD_EXPLAIN_SERVICES Services x 10 endpoints (default 10,000, in a
 // sandbox's node namespace): from the kernel twice, and from the model
-// (no kernel read) once. Figures only:
+// (no kernel read) once. STEELYARD_EXPLAIN_CPUPROFILE=FILE writes a CPU
+// profile of the second read from the kernel alone;
+// STEELYARD_EXPLAIN_READERS=N reads the weight maps over N sockets.
+// Figures only:
 //
 //	go test -tags e2e -run '^$' -bench ExplainSources -benchtime 1x ./dataplane/nftables/
 func BenchmarkExplainSources(b *testing.B) {
