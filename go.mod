@@ -9,6 +9,7 @@ require (
 	github.com/coreos/go-iptables v0.8.0
 	github.com/fsnotify/fsnotify v1.10.1
 	github.com/google/nftables v0.3.0
+	github.com/mdlayher/netlink v1.11.2
 	github.com/moby/ipvs v1.1.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
@@ -60,7 +61,6 @@ require (
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
-	github.com/mdlayher/netlink v1.11.2 // indirect
 	github.com/mdlayher/socket v0.6.1 // indirect
 	github.com/modern-go/concurrent v0.0.0-20180306012644-bacd9c7ef1dd // indirect
 	github.com/modern-go/reflect2 v1.0.3-0.20250322232337-35a7c28c31ee // indirect

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
@@ -47,7 +48,8 @@ func TestAgentIncrementalOverClusterSource(t *testing.T) {
 	}
 	d := &syncLog{}
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-	a := &Agent{Source: src, Tracker: src.Tracker, Builder: NewBuilder(), Dataplane: d, FullSyncPeriod: time.Hour, Clock: clk}
+	m := NewMetrics()
+	a := &Agent{Source: src, Tracker: src.Tracker, Builder: NewBuilder(), Dataplane: d, FullSyncPeriod: time.Hour, Clock: clk, Metrics: m}
 	full := NewBuilder()
 	r := rand.New(rand.NewSource(7))
 	live := map[objectKey]bool{}
@@ -118,6 +120,18 @@ func TestAgentIncrementalOverClusterSource(t *testing.T) {
 		}
 		if step > 0 && req.Full {
 			t.Fatalf("step %d: a full sync within the full-sync period", step)
+		}
+		// The gauge is recounted per changed Service on partial syncs.
+		wantEps := 0
+		for i := range want.Services {
+			wantEps += len(want.Services[i].Active())
+		}
+		var g dto.Metric
+		if err := m.ProgrammedEndpoints.Write(&g); err != nil {
+			t.Fatal(err)
+		}
+		if got := g.GetGauge().GetValue(); got != float64(wantEps) {
+			t.Fatalf("step %d: steelyard_programmed_endpoints %v, want %d", step, got, wantEps)
 		}
 		prev = want
 	}

@@ -309,3 +309,40 @@ func servicesThatDiffer(a, b dataplane.State) map[dataplane.ServiceName]bool {
 	}
 	return out
 }
+
+// An endpoint change writes the Service's new ports into the last State's
+// array (no copy of every port), and the result equals a full Build; a
+// new Service, which moves the others, assembles a new array.
+func TestUpdatePatchesInPlace(t *testing.T) {
+	var svcs []*corev1.Service
+	var sls []*discoveryv1.EndpointSlice
+	for i, name := range []string{"a", "b", "c"} {
+		svcs = append(svcs, makeService("demo", name, withIP(fmt.Sprintf("198.18.0.%d", i+1))))
+		sls = append(sls, makeSlice("demo", name, name+"-1", []discoveryv1.Endpoint{ready(fmt.Sprintf("198.19.0.%d", i+1), name+"-0")}, nil))
+	}
+	b := NewBuilder()
+	first, _ := b.Build(svcs, sls)
+	// Service b's endpoint turns unready.
+	sls[1] = makeSlice("demo", "b", "b-1", []discoveryv1.Endpoint{endpoint("198.19.0.2", "b-0", condNotReady)}, nil)
+	got, _, changed := b.Update([]ObjectChange{{Kind: KindEndpointSlice, Name: types.NamespacedName{Namespace: "demo", Name: "b-1"}, Object: sls[1]}})
+	if &got.Services[0] != &first.Services[0] {
+		t.Error("an endpoint change copied the State instead of patching it")
+	}
+	if !changed[dataplane.ServiceName{Namespace: "demo", Name: "b"}] || len(changed) != 1 {
+		t.Errorf("changed %v, want demo/b", changed)
+	}
+	want, _ := NewBuilder().Build(svcs, sls)
+	if diff := stateDiff(got, want); diff != "" {
+		t.Fatalf("patched State differs from a full Build:\n%s", diff)
+	}
+	// A new Service: the ports move, a new array.
+	svcs = append(svcs, makeService("demo", "aa", withIP("198.18.0.9")))
+	got2, _, _ := b.Update([]ObjectChange{{Kind: KindService, Name: types.NamespacedName{Namespace: "demo", Name: "aa"}, Object: svcs[3]}})
+	if &got2.Services[0] == &got.Services[0] {
+		t.Error("a new Service patched the State in place")
+	}
+	want, _ = NewBuilder().Build(svcs, sls)
+	if diff := stateDiff(got2, want); diff != "" {
+		t.Fatalf("State after a new Service differs from a full Build:\n%s", diff)
+	}
+}

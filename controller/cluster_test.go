@@ -14,6 +14,7 @@ import (
 	logtest "github.com/sirupsen/logrus/hooks/test"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -340,5 +341,55 @@ func TestWatchStoreStripsUnread(t *testing.T) {
 		if svc.Annotations["steelyard.io/weights"] != "a=1" {
 			t.Errorf("%s: the weights annotation was lost: %v", name, svc.Annotations)
 		}
+	}
+}
+
+// TestWatchStoreStripsSlices checks that stored EndpointSlices keep what
+// the Builder reads of each endpoint (addresses, conditions, the pod's
+// name, node, zone, hints) and lose their owner references and the rest
+// of the target reference.
+func TestWatchStoreStripsSlices(t *testing.T) {
+	ready, node, zone := true, "node-a", "zone-a"
+	sl := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-1", ResourceVersion: "1",
+			Labels:          map[string]string{discoveryv1.LabelServiceName: "web"},
+			OwnerReferences: []metav1.OwnerReference{{Kind: "Service", Name: "web", UID: "u1"}}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints: []discoveryv1.Endpoint{{
+			Addresses:  []string{"198.19.0.2"},
+			Conditions: discoveryv1.EndpointConditions{Ready: &ready},
+			Hostname:   &node,
+			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: "ns", Name: "web-0", UID: "u2", ResourceVersion: "7"},
+			NodeName:   &node,
+			Zone:       &zone,
+			Hints:      &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: zone}}},
+		}},
+	}
+	s := newWatchStore()
+	if err := s.Add(sl); err != nil {
+		t.Fatal(err)
+	}
+	o, ok, err := s.GetByKey("ns/web-1")
+	if err != nil || !ok {
+		t.Fatalf("not stored (%v)", err)
+	}
+	got := o.(*discoveryv1.EndpointSlice)
+	if len(got.OwnerReferences) != 0 {
+		t.Errorf("owner references kept: %v", got.OwnerReferences)
+	}
+	ep := got.Endpoints[0]
+	want := discoveryv1.Endpoint{
+		Addresses:  []string{"198.19.0.2"},
+		Conditions: discoveryv1.EndpointConditions{Ready: &ready},
+		TargetRef:  &corev1.ObjectReference{Name: "web-0"},
+		NodeName:   &node,
+		Zone:       &zone,
+		Hints:      &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: zone}}},
+	}
+	if !apiequality.Semantic.DeepEqual(ep, want) {
+		t.Errorf("stored endpoint %+v, want %+v", ep, want)
+	}
+	if got.Labels[discoveryv1.LabelServiceName] != "web" {
+		t.Errorf("service-name label lost: %v", got.Labels)
 	}
 }

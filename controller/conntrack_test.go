@@ -480,3 +480,62 @@ func TestAgentDeletesStaleUDPFlowsOfExternalEntryPoints(t *testing.T) {
 }
 
 func (d *flakyDataplane) Counts() ([]dataplane.EndpointCount, error) { return nil, nil }
+
+// failingCleaner is a conntrack table whose deletions fail while fail is
+// set.
+type failingCleaner struct {
+	*conntrack.Fake
+	fail bool
+}
+
+func (c *failingCleaner) Delete(filters ...conntrack.Filter) (int, error) {
+	if c.fail {
+		return 0, errors.New("netlink: no buffer space")
+	}
+	return c.Fake.Delete(filters...)
+}
+
+// With a tracker, partial syncs compare only the changed Services' UDP
+// ports: an endpoint leaving the DNS Service clears its flows, a change of
+// another Service none; a deletion that failed is retried by the next
+// sync although that sync changes another Service.
+func TestAgentDeletesStaleUDPFlowsOnPartialSyncs(t *testing.T) {
+	toDNS1, toDNS2 := udpFlow(20000, dnsVIP, dns1), udpFlow(20001, dnsVIP, dns2)
+	ct := &failingCleaner{Fake: conntrack.NewFake(toDNS1, toDNS2)}
+	src := &staticSource{}
+	src.svcs, src.slices = dnsObjects(endpoint("198.19.4.2", "dns-1", condReady), endpoint("198.19.4.3", "dns-2", condReady))
+	web := makeService("demo", "web", withIP("198.18.0.80"))
+	webSlice := makeSlice("demo", "web", "web-1", []discoveryv1.Endpoint{ready("198.19.5.2", "web-1")}, nil)
+	src.svcs, src.slices = append(src.svcs, web), append(src.slices, webSlice)
+	tr := NewChangeTracker()
+	a := &Agent{Source: src, Tracker: tr, Builder: NewBuilder(), Dataplane: &flakyDataplane{}, Conntrack: ct,
+		FullSyncPeriod: time.Hour, Clock: clocktesting.NewFakeClock(time.Unix(1000, 0))}
+	if err := a.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	expectTable(t, ct.Fake, "after the first sync", toDNS1, toDNS2)
+	change := func(i int, sl *discoveryv1.EndpointSlice) {
+		t.Helper()
+		tr.SliceChanged(src.slices[i], sl)
+		src.slices[i] = sl
+		if err := a.Sync(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// web's endpoint changes: no UDP flow goes.
+	change(1, makeSlice("demo", "web", "web-1", []discoveryv1.Endpoint{ready("198.19.5.3", "web-2")}, nil))
+	expectTable(t, ct.Fake, "after a change of web", toDNS1, toDNS2)
+	// dns-1 leaves while deletions fail: nothing goes.
+	ct.fail = true
+	_, dnsOnly := dnsObjects(endpoint("198.19.4.3", "dns-2", condReady))
+	change(0, dnsOnly[0])
+	expectTable(t, ct.Fake, "after a failed deletion", toDNS1, toDNS2)
+	// The next sync changes only web, and retries dns-1's deletion.
+	ct.fail = false
+	change(1, makeSlice("demo", "web", "web-1", []discoveryv1.Endpoint{ready("198.19.5.4", "web-3")}, nil))
+	expectTable(t, ct.Fake, "after the retry", toDNS2)
+	// dns-2 leaves too, through a partial sync.
+	_, none := dnsObjects()
+	change(0, none[0])
+	expectTable(t, ct.Fake, "after dns-2 left")
+}

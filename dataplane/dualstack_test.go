@@ -136,3 +136,34 @@ func TestParseMasquerade(t *testing.T) {
 }
 
 func (f *familyFake) Counts() ([]EndpointCount, error) { return nil, nil }
+
+// SplitFamilies keeps the order of each family; a State of one family
+// comes back without a copy (the same array).
+func TestSplitFamilies(t *testing.T) {
+	mixed := State{Services: []ServicePort{port("a", "x", "198.18.0.1"), port("a", "y", "2001:2::1"),
+		port("b", "x", "198.18.0.2"), port("b", "y", "2001:2::2")}}
+	v4, v6 := SplitFamilies(mixed)
+	names := func(s State) string {
+		var out []string
+		for _, sp := range s.Services {
+			out = append(out, sp.Name.String())
+		}
+		return strings.Join(out, " ")
+	}
+	if got := names(v4); got != "a/x:http b/x:http" {
+		t.Errorf("v4: %s", got)
+	}
+	if got := names(v6); got != "a/y:http b/y:http" {
+		t.Errorf("v6: %s", got)
+	}
+	only4 := State{Services: []ServicePort{port("a", "x", "198.18.0.1"), port("b", "x", "198.18.0.2")}}
+	v4, v6 = SplitFamilies(only4)
+	if len(v6.Services) != 0 || len(v4.Services) != 2 || &v4.Services[0] != &only4.Services[0] {
+		t.Errorf("IPv4 only: copied or split (%d, %d)", len(v4.Services), len(v6.Services))
+	}
+	only6 := State{Services: []ServicePort{port("a", "y", "2001:2::1")}}
+	v4, v6 = SplitFamilies(only6)
+	if len(v4.Services) != 0 || len(v6.Services) != 1 || &v6.Services[0] != &only6.Services[0] {
+		t.Errorf("IPv6 only: copied or split (%d, %d)", len(v4.Services), len(v6.Services))
+	}
+}

@@ -24,26 +24,28 @@ import (
 
 // syncMembers makes the members map hold the backends with slots of the
 // affinity ports of want, for the family; only, when not nil, limits it to
-// those VIPs (syncTables).
-func syncMembers(m *maps, want map[svcKey]table, family int, only map[svcKey]bool) error {
+// those VIPs (syncTables). old, when not nil (a partial Sync after a
+// successful one), is what the last Sync wanted for those VIPs: their live
+// members are taken from it instead of a walk of the map.
+func syncMembers(m *maps, want map[svcKey]table, family int, only map[svcKey]bool, old map[svcKey]table) error {
 	if m.members == nil {
 		return nil // pins of a version without affinity at the socket
 	}
-	wanted := map[countKey]bool{}
-	for vip, t := range want {
-		for _, b := range t.members {
-			wanted[countKey{VIP: vip, Backend: b}] = true
+	wanted := membersOf(want)
+	var live map[countKey]bool
+	if only != nil && old != nil {
+		live = membersOf(old)
+	} else {
+		live = map[countKey]bool{}
+		var k countKey
+		var v member
+		if err := m.members.Each(&k, &v, func() {
+			if familyOf(k.VIP.Addr) == family && (only == nil || only[k.VIP]) {
+				live[k] = true
+			}
+		}); err != nil {
+			return fmt.Errorf("read members: %w", err)
 		}
-	}
-	live := map[countKey]bool{}
-	var k countKey
-	var v member
-	if err := m.members.Each(&k, &v, func() {
-		if familyOf(k.VIP.Addr) == family && (only == nil || only[k.VIP]) {
-			live[k] = true
-		}
-	}); err != nil {
-		return fmt.Errorf("read members: %w", err)
 	}
 	var errs []error
 	for k := range wanted {
@@ -60,4 +62,15 @@ func syncMembers(m *maps, want map[svcKey]table, family int, only map[svcKey]boo
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// membersOf returns the members entries the tables name.
+func membersOf(tables map[svcKey]table) map[countKey]bool {
+	out := map[countKey]bool{}
+	for vip, t := range tables {
+		for _, b := range t.members {
+			out[countKey{VIP: vip, Backend: b}] = true
+		}
+	}
+	return out
 }

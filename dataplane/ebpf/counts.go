@@ -179,8 +179,13 @@ type countSync struct {
 
 // prepareCounts creates the counters and names want needs (none when
 // counting is off) and returns the step that prunes the rest; only, when
-// not nil, limits both to those VIPs (syncTables).
-func prepareCounts(m *maps, want map[svcKey]table, family int, counting bool, only map[svcKey]bool) (*countSync, error) {
+// not nil, limits both to those VIPs (syncTables). old, when not nil (a
+// partial Sync after a successful one), is what the last Sync wanted for
+// those VIPs: the counters and names it made are taken from it instead of
+// a walk of both maps, which at 30,000 Services x 10 is 300,000 counters
+// per change. A counter neither table names (left by a failed Sync) waits
+// for the next full Sync.
+func prepareCounts(m *maps, want map[svcKey]table, family int, counting bool, only map[svcKey]bool, old map[svcKey]table) (*countSync, error) {
 	c := &countSync{m: m, family: family, keys: map[countKey]bool{}, names: map[svcKey]nameVal{},
 		live: map[countKey]bool{}, lnames: map[svcKey]nameVal{}}
 	if m.counts == nil || m.names == nil {
@@ -188,6 +193,12 @@ func prepareCounts(m *maps, want map[svcKey]table, family int, counting bool, on
 	}
 	if counting {
 		c.keys, c.names = wantCounts(want)
+	}
+	if only != nil && old != nil {
+		if counting {
+			c.live, c.lnames = wantCounts(old)
+		}
+		return c, c.create()
 	}
 	if err := m.counts.Each(func(k countKey, _ uint64) {
 		if familyOf(k.VIP.Addr) == family && (only == nil || only[k.VIP]) {
@@ -205,12 +216,17 @@ func prepareCounts(m *maps, want map[svcKey]table, family int, counting bool, on
 	}); err != nil {
 		return nil, fmt.Errorf("read names: %w", err)
 	}
+	return c, c.create()
+}
+
+// create writes the names and counters wanted that are not live.
+func (c *countSync) create() error {
 	var errs []error
 	for k, n := range c.names {
 		if c.lnames[k] == n {
 			continue
 		}
-		if err := m.names.Put(k, n); err != nil {
+		if err := c.m.names.Put(k, n); err != nil {
 			errs = append(errs, fmt.Errorf("name of %s: %w", k, err))
 		}
 	}
@@ -218,11 +234,11 @@ func prepareCounts(m *maps, want map[svcKey]table, family int, counting bool, on
 		if c.live[k] {
 			continue
 		}
-		if err := m.counts.Create(k); err != nil {
+		if err := c.m.counts.Create(k); err != nil {
 			errs = append(errs, fmt.Errorf("counter of %s -> %s: %w", k.VIP, k.Backend.addrPort(), err))
 		}
 	}
-	return c, errors.Join(errs...)
+	return errors.Join(errs...)
 }
 
 // prune deletes the counters and names the last prepareCounts did not want.

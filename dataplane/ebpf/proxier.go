@@ -59,6 +59,11 @@ type Proxier struct {
 	// unloads is set on the IPv4 half: its Cleanup, which runs last,
 	// detaches the programs and unpins the maps.
 	unloads bool
+	// byKey indexes the engine's record by VIP: the recorded ports of
+	// each key, so a partial Sync finds the ports of the keys it writes
+	// without a scan of every recorded port. Rebuilt by a full Sync; nil
+	// after a failed one (the engine undid the record).
+	byKey map[svcKey]map[dataplane.ServicePortName]bool
 }
 
 var _ dataplane.Dataplane = (*Proxier)(nil)
@@ -165,28 +170,76 @@ func (k *kernel) maps() (*maps, error) {
 	return m, nil
 }
 
-// Sync implements dataplane.Dataplane: the nftables rules first (they
-// carry every entry point, the clusterIPs too, for sockets outside the
-// cgroup), then the family's tables on the reconcile engine (tableOps):
-// a full Sync (the nftables half's was full, or the engine's first or
-// after a failure) compares every table with the maps and prunes the
-// rest; a partial one compares and writes the VIPs of the Service ports
-// that changed.
+// Sync implements dataplane.Dataplane: the family's socket tables first,
+// on the reconcile engine (tableOps), then the nftables rules (they carry
+// every entry point, the clusterIPs too, for sockets outside the cgroup).
+// A full Sync (asked, or the engine's first or after a failure) compares
+// every table with the maps and prunes the rest; a partial one compares
+// and writes the VIPs of the Service ports that changed.
+//
+// Why the maps go first: the two halves serve disjoint traffic and read
+// nothing of each other. A socket in the cgroup is rewritten to a pod at
+// connect()/sendmsg(), so its packets never meet the nftables clusterIP
+// rules; node ports, external and LB IPs, sockets outside the cgroup and
+// connected UDP never meet the maps. So for the few milliseconds between
+// the two writes each path serves either the old or the new state of the
+// port on its own, as it would in the other order: a backend removed (or
+// weighted 0, drained) is no longer chosen by the sockets while nftables
+// may still choose it, where before nftables stopped first and the sockets
+// still chose it; a port leaving the maps (a reject share, no internal
+// backend) falls through to nftables, which may serve its old rules just
+// as the old table would have. Within the maps the order that matters
+// stays (syncMembers before the tables, each table switched in one
+// update). The agent cleans conntrack after Sync returns, so after both.
+// The order only decides which half waits: the sockets' write is a few map
+// updates per changed port, the nftables half a render and a netlink
+// transaction that grow with the cluster, so the maps no longer wait for
+// it (issue 22: change -> map latency). A failed map write does not stop
+// the nftables half (the other entry points still get the change); both
+// errors are returned and the next Sync is full.
 func (p *Proxier) Sync(s dataplane.State, req dataplane.SyncRequest) (dataplane.SyncResult, error) {
+	if nftFirst {
+		return p.syncNFTFirst(s, req)
+	}
+	r, mapErr := p.syncMaps(s, req)
+	res, err := p.nft.Sync(s, req)
+	if err := errors.Join(mapErr, err); err != nil {
+		return res, err
+	}
+	res.Full = res.Full || r.Full
+	return res, nil
+}
+
+// nftFirst restores the order before the maps went first (nftables half,
+// then the maps, full when the nftables half was): only the benchmark
+// that measures the difference sets it (BenchmarkChangeToMap).
+var nftFirst bool
+
+func (p *Proxier) syncNFTFirst(s dataplane.State, req dataplane.SyncRequest) (dataplane.SyncResult, error) {
 	res, err := p.nft.Sync(s, req)
 	if err != nil {
 		return res, err
 	}
-	ops := &tableOps{p: p}
-	r, err := p.eng.Sync(s, dataplane.SyncRequest{Full: res.Full, Changed: req.Changed}, ops)
+	r, err := p.syncMaps(s, dataplane.SyncRequest{Full: res.Full, Changed: req.Changed})
 	if err != nil {
 		return res, err
+	}
+	res.Full = res.Full || r.Full
+	return res, nil
+}
+
+// syncMaps writes the family's socket tables (the reconcile engine).
+func (p *Proxier) syncMaps(s dataplane.State, req dataplane.SyncRequest) (reconcile.Result, error) {
+	ops := &tableOps{p: p}
+	r, err := p.eng.Sync(s, req, ops)
+	if err != nil {
+		p.byKey = nil // the engine undid the record: rebuilt at the next (full) Sync
+		return r, err
 	}
 	if ops.changed > 0 {
 		log.WithField("family", p.family).WithField("ports", ops.changed).Debug("socket tables written")
 	}
-	res.Full = res.Full || r.Full
-	return res, nil
+	return r, nil
 }
 
 // tableOps are the socket tables' operations of one Sync
@@ -198,9 +251,16 @@ type tableOps struct {
 	p       *Proxier
 	full    bool
 	applied map[dataplane.ServicePortName]*dataplane.ServicePort
-	// only are the VIPs a partial Sync compares.
+	// only are the VIPs a partial Sync compares; touched the ports
+	// updated or deleted, with their recorded value before (for byKey).
 	only    map[svcKey]bool
+	touched []touchedPort
 	changed int
+}
+
+type touchedPort struct {
+	n   dataplane.ServicePortName
+	old *dataplane.ServicePort
 }
 
 var _ reconcile.Ops = (*tableOps)(nil)
@@ -223,6 +283,7 @@ func (o *tableOps) Begin(full bool, applied map[dataplane.ServicePortName]*datap
 
 // Update implements reconcile.Ops.
 func (o *tableOps) Update(n dataplane.ServicePortName, old, sp *dataplane.ServicePort) *dataplane.ServicePort {
+	o.touched = append(o.touched, touchedPort{n, old})
 	o.touch(old)
 	o.touch(sp)
 	// A copy: the record must stay what was written when the agent
@@ -231,7 +292,10 @@ func (o *tableOps) Update(n dataplane.ServicePortName, old, sp *dataplane.Servic
 }
 
 // Delete implements reconcile.Ops.
-func (o *tableOps) Delete(n dataplane.ServicePortName, old *dataplane.ServicePort) { o.touch(old) }
+func (o *tableOps) Delete(n dataplane.ServicePortName, old *dataplane.ServicePort) {
+	o.touched = append(o.touched, touchedPort{n, old})
+	o.touch(old)
+}
 
 func (o *tableOps) touch(sp *dataplane.ServicePort) {
 	if sp == nil {
@@ -260,12 +324,17 @@ func (o *tableOps) Commit(bool) error {
 	if err != nil {
 		return err
 	}
+	var old map[svcKey]table
+	if only != nil && o.p.byKey != nil {
+		old = o.oldWant(only)
+	}
+	o.index()
 	want := o.want(only)
-	cs, err := prepareCounts(m, want, o.p.family, o.p.k.cfg.CountConnections, only)
+	cs, err := prepareCounts(m, want, o.p.family, o.p.k.cfg.CountConnections, only, old)
 	if err != nil {
 		return fmt.Errorf("socket counters: %w", err)
 	}
-	if err := syncMembers(m, want, o.p.family, only); err != nil {
+	if err := syncMembers(m, want, o.p.family, only, old); err != nil {
 		return fmt.Errorf("socket affinity: %w", err)
 	}
 	o.changed, err = syncTables(m, want, o.p.family, only)
@@ -278,20 +347,105 @@ func (o *tableOps) Commit(bool) error {
 	return nil
 }
 
-// want returns the tables of the recorded ports whose VIP is in only (nil:
-// all). Two ports with one VIP: the last by name wins, as in
-// desiredTables over a sorted State.
-func (o *tableOps) want(only map[svcKey]bool) map[svcKey]table {
-	names := make([]dataplane.ServicePortName, 0, len(o.applied))
-	for n, sp := range o.applied {
-		if key, ok := svcKeyOf(sp.VIP); ok && (only == nil || only[key]) {
+// index brings the Proxier's byKey up to the record as this Sync left it:
+// rebuilt from every recorded port in a full Sync (or when there is none),
+// else moved for the ports this Sync touched only.
+func (o *tableOps) index() {
+	p := o.p
+	if o.full || p.byKey == nil {
+		p.byKey = map[svcKey]map[dataplane.ServicePortName]bool{}
+		for n, sp := range o.applied {
+			p.indexAdd(n, sp)
+		}
+		return
+	}
+	for _, t := range o.touched {
+		if t.old != nil {
+			if key, ok := svcKeyOf(t.old.VIP); ok {
+				delete(p.byKey[key], t.n)
+				if len(p.byKey[key]) == 0 {
+					delete(p.byKey, key)
+				}
+			}
+		}
+		if sp := o.applied[t.n]; sp != nil {
+			p.indexAdd(t.n, sp)
+		}
+	}
+}
+
+func (p *Proxier) indexAdd(n dataplane.ServicePortName, sp *dataplane.ServicePort) {
+	key, ok := svcKeyOf(sp.VIP)
+	if !ok {
+		return
+	}
+	if p.byKey[key] == nil {
+		p.byKey[key] = map[dataplane.ServicePortName]bool{}
+	}
+	p.byKey[key][n] = true
+}
+
+// oldWant returns what the last Sync wanted for the VIPs of only (want
+// before this Sync's changes): the ports byKey still lists under them, at
+// their value before this Sync touched them. Called before index moves
+// byKey on.
+func (o *tableOps) oldWant(only map[svcKey]bool) map[svcKey]table {
+	before := map[dataplane.ServicePortName]*dataplane.ServicePort{}
+	for _, t := range o.touched {
+		if _, seen := before[t.n]; !seen {
+			before[t.n] = t.old
+		}
+	}
+	var names []dataplane.ServicePortName
+	for key := range only {
+		for n := range o.p.byKey[key] {
 			names = append(names, n)
 		}
 	}
 	slices.SortFunc(names, func(a, b dataplane.ServicePortName) int { return strings.Compare(a.String(), b.String()) })
 	out := make(map[svcKey]table, len(names))
 	for _, n := range names {
-		t := tableOf(o.applied[n])
+		sp, ok := before[n]
+		if !ok {
+			sp = o.applied[n]
+		}
+		if sp == nil {
+			continue
+		}
+		if _, ok := svcKeyOf(sp.VIP); !ok {
+			continue
+		}
+		t := tableOf(sp)
+		out[t.key] = t
+	}
+	return out
+}
+
+// want returns the tables of the recorded ports whose VIP is in only (nil:
+// all), found through byKey. Two ports with one VIP: the last by name
+// wins, as in desiredTables over a sorted State.
+func (o *tableOps) want(only map[svcKey]bool) map[svcKey]table {
+	var names []dataplane.ServicePortName
+	if only == nil {
+		names = make([]dataplane.ServicePortName, 0, len(o.applied))
+		for n := range o.applied {
+			names = append(names, n)
+		}
+	} else {
+		for key := range only {
+			for n := range o.p.byKey[key] {
+				names = append(names, n)
+			}
+		}
+	}
+	slices.SortFunc(names, func(a, b dataplane.ServicePortName) int { return strings.Compare(a.String(), b.String()) })
+	out := make(map[svcKey]table, len(names))
+	for _, n := range names {
+		sp := o.applied[n]
+		if _, ok := svcKeyOf(sp.VIP); !ok {
+			continue
+		}
+		t := tableOf(sp)
 		out[t.key] = t
 	}
 	return out
@@ -350,6 +504,7 @@ func (p *Proxier) Explain() ([]dataplane.ServiceView, error) {
 func (p *Proxier) Cleanup() error {
 	// The tables go with the maps: the next Sync writes every one.
 	p.eng.Reset()
+	p.byKey = nil
 	err := p.nft.Cleanup()
 	if !p.unloads {
 		return err

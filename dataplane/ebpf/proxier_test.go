@@ -1,6 +1,7 @@
 package ebpf
 
 import (
+	"context"
 	"net/netip"
 	"testing"
 
@@ -80,5 +81,121 @@ func TestSyncPartialWritesChangedVIPs(t *testing.T) {
 	}
 	if len(live) != 1 || len(ids) != 1 {
 		t.Errorf("%d entries and %d tables left, want 1 and 1", len(live), len(ids))
+	}
+}
+
+// watchNFT calls before ahead of each nftables transaction it runs.
+type watchNFT struct {
+	knftables.Interface
+	before func()
+}
+
+func (w watchNFT) Run(ctx context.Context, tx *knftables.Transaction) error {
+	w.before()
+	return w.Interface.Run(ctx, tx)
+}
+
+// TestSyncWritesMapsFirst: the socket tables of a change are in the maps
+// when the nftables half's transaction runs (the maps do not wait for it,
+// issue 22), in the first Sync and in a partial one; a port that goes is
+// out of the maps by then too.
+func TestSyncWritesMapsFirst(t *testing.T) {
+	var m *maps
+	var check func()
+	before := func() {
+		if check != nil {
+			check()
+		}
+	}
+	nft := nftables.NewDualStack(watchNFT{knftables.NewFake(knftables.IPv4Family, nftables.TableName), before},
+		watchNFT{knftables.NewFake(knftables.IPv6Family, nftables.TableName), func() {}}, nftables.Config{})
+	d := NewDualStackMem(nft, false)
+	m = d.Family(4).(*Proxier).k.m
+	a := port("198.18.0.10", map[string]float64{"198.19.1.2": 10, "198.19.1.3": 90})
+	b := port("198.18.0.11", map[string]float64{"198.19.2.2": 1})
+	runs := 0
+	check = func() {
+		runs++
+		if got := counts(t, m, "198.18.0.10"); got["198.19.1.2"] != 1 || got["198.19.1.3"] != 9 {
+			t.Errorf("first sync: a's table when nftables ran: %v", got)
+		}
+	}
+	if _, err := d.Sync(dataplane.State{Services: []dataplane.ServicePort{a, b}}, dataplane.FullSync); err != nil {
+		t.Fatal(err)
+	}
+	a2 := port("198.18.0.10", map[string]float64{"198.19.1.4": 1, "198.19.1.3": 1})
+	check = func() {
+		runs++
+		if got := counts(t, m, "198.18.0.10"); got["198.19.1.4"] != 1 || got["198.19.1.3"] != 1 || len(got) != 2 {
+			t.Errorf("partial sync: a's table when nftables ran: %v", got)
+		}
+		if got := counts(t, m, "198.18.0.11"); got != nil {
+			t.Errorf("partial sync: b still in the maps when nftables ran: %v", got)
+		}
+	}
+	req := dataplane.SyncRequest{Changed: map[dataplane.ServiceName]bool{a.Name.Service(): true, b.Name.Service(): true}}
+	if _, err := d.Sync(dataplane.State{Services: []dataplane.ServicePort{a2}}, req); err != nil {
+		t.Fatal(err)
+	}
+	if runs != 2 {
+		t.Errorf("%d nftables transactions checked, want 2", runs)
+	}
+}
+
+// TestSyncPartialIndexFollowsVIPs: partial Syncs find the recorded ports
+// of a VIP through the Proxier's index, which follows a port that moves
+// to another VIP, and two ports of one VIP (the last by name wins) stay
+// decided the way a full Sync decides them.
+func TestSyncPartialIndexFollowsVIPs(t *testing.T) {
+	nft := nftables.NewDualStack(knftables.NewFake(knftables.IPv4Family, nftables.TableName),
+		knftables.NewFake(knftables.IPv6Family, nftables.TableName), nftables.Config{})
+	d := NewDualStackMem(nft, false)
+	m := d.Family(4).(*Proxier).k.m
+	named := func(name, vip string, backend string) dataplane.ServicePort {
+		sp := port(vip, map[string]float64{backend: 1})
+		sp.Name.Name = name
+		return sp
+	}
+	sync := func(full bool, changed []string, ports ...dataplane.ServicePort) {
+		t.Helper()
+		s := dataplane.State{Services: ports}
+		s.Sort()
+		req := dataplane.SyncRequest{Full: full, Changed: map[dataplane.ServiceName]bool{}}
+		for _, n := range changed {
+			req.Changed[dataplane.ServiceName{Namespace: "ns", Name: n}] = true
+		}
+		if _, err := d.Sync(s, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	only := func(vip, backend string) {
+		t.Helper()
+		if got := counts(t, m, vip); len(got) != 1 || got[backend] != 1 {
+			t.Errorf("%s: slots %v, want %s only", vip, got, backend)
+		}
+	}
+	a := named("a", "198.18.0.10", "198.19.1.1")
+	z := named("z", "198.18.0.20", "198.19.9.9")
+	sync(true, nil, a, z)
+	// a moves to 198.18.0.11: the old VIP goes, the new one comes.
+	a = named("a", "198.18.0.11", "198.19.1.2")
+	sync(false, []string{"a"}, a, z)
+	only("198.18.0.11", "198.19.1.2")
+	if got := counts(t, m, "198.18.0.10"); got != nil {
+		t.Errorf("a's old VIP kept a table: %v", got)
+	}
+	// z moves onto a's VIP: z is last by name, so its table wins, and a
+	// change of a alone leaves it so.
+	z = named("z", "198.18.0.11", "198.19.9.9")
+	sync(false, []string{"z"}, a, z)
+	only("198.18.0.11", "198.19.9.9")
+	a = named("a", "198.18.0.11", "198.19.1.3")
+	sync(false, []string{"a"}, a, z)
+	only("198.18.0.11", "198.19.9.9")
+	// z goes: a's table is written.
+	sync(false, []string{"z"}, a)
+	only("198.18.0.11", "198.19.1.3")
+	if got := counts(t, m, "198.18.0.20"); got != nil {
+		t.Errorf("z's first VIP kept a table: %v", got)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"reflect"
 	"regexp"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"syscall"
@@ -276,7 +277,10 @@ func compareWithModel(t *testing.T, p *Proxier, s dataplane.State, what string) 
 // BenchmarkExplainSources prints what one Explain costs on a table of
 // STEELYARD_EXPLAIN_SERVICES Services x 10 endpoints (default 10,000, in a
 // sandbox's node namespace): from the kernel twice, and from the model
-// (no kernel read) once. Figures only:
+// (no kernel read) once. STEELYARD_EXPLAIN_CPUPROFILE=FILE writes a CPU
+// profile of the second read from the kernel alone;
+// STEELYARD_EXPLAIN_READERS=N reads the weight maps over N sockets.
+// Figures only:
 //
 //	go test -tags e2e -run '^$' -bench ExplainSources -benchtime 1x ./dataplane/nftables/
 func BenchmarkExplainSources(b *testing.B) {
@@ -290,7 +294,9 @@ func BenchmarkExplainSources(b *testing.B) {
 	}
 	s := sandbox.NewT(b, sandbox.Options{})
 	sandbox.ExecTimeout = 30 * time.Minute
-	out, err := s.Node.Exec("env", "STEELYARD_NLX_CHILD=1", "STEELYARD_EXPLAIN_SERVICES="+n, os.Args[0],
+	out, err := s.Node.Exec("env", "STEELYARD_NLX_CHILD=1", "STEELYARD_EXPLAIN_SERVICES="+n,
+		"STEELYARD_EXPLAIN_CPUPROFILE="+os.Getenv("STEELYARD_EXPLAIN_CPUPROFILE"),
+		"STEELYARD_EXPLAIN_READERS="+os.Getenv("STEELYARD_EXPLAIN_READERS"), os.Args[0],
 		"-test.run", "^$", "-test.bench", "^BenchmarkExplainSources$", "-test.benchtime", "1x", "-test.v", "-test.timeout", "30m")
 	b.Logf("in %s:\n%s", s.Node.Name, out)
 	if err != nil {
@@ -302,6 +308,12 @@ func explainSources(t testing.TB, n string) {
 	var count int
 	if _, err := fmt.Sscan(n, &count); err != nil {
 		t.Fatal(err)
+	}
+	// STEELYARD_EXPLAIN_READERS: how many sockets read the weight maps.
+	if r := os.Getenv("STEELYARD_EXPLAIN_READERS"); r != "" {
+		if _, err := fmt.Sscan(r, &elemReaders); err != nil {
+			t.Fatal(err)
+		}
 	}
 	var s dataplane.State
 	for i := 0; i < count; i++ {
@@ -336,14 +348,29 @@ func explainSources(t testing.TB, n string) {
 		return strings.Join(strings.Fields(string(b))[:3], " ")
 	}
 	var views [2][]dataplane.ServiceView
-	for _, src := range []string{"kernel", "model", "kernel"} {
+	for i, src := range []string{"kernel", "model", "kernel"} {
 		saved := p.readLive
 		if src != "kernel" {
 			p.readLive = nil
 		}
+		// STEELYARD_EXPLAIN_CPUPROFILE: a CPU profile of the last explain
+		// from the kernel alone (not the sync before it).
+		prof := os.Getenv("STEELYARD_EXPLAIN_CPUPROFILE")
+		if prof != "" && i == 2 {
+			f, err := os.Create(prof)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := pprof.StartCPUProfile(f); err != nil {
+				t.Fatal(err)
+			}
+		}
 		start, c := time.Now(), cpu()
 		v, err := p.Explain()
 		wall, used := time.Since(start), cpu()-c
+		if prof != "" && i == 2 {
+			pprof.StopCPUProfile()
+		}
 		p.readLive = saved
 		if err != nil {
 			t.Fatal(err)

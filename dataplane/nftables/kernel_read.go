@@ -51,9 +51,11 @@ func readKernel(family int) (*liveTable, error) {
 }
 
 // kernelReader reads one table over one lasting google/nftables
-// connection.
+// connection (sets, chains) and a plain socket (elements,
+// netlink_elems.go).
 type kernelReader struct {
 	c     *gnft.Conn
+	nc    *nlConn
 	f     fam
 	table *gnft.Table
 	sets  map[string]*gnft.Set
@@ -74,6 +76,10 @@ func readKernelOnce(family int) (*liveTable, error) {
 	}
 	defer c.CloseLasting() //nolint:errcheck // read-only
 	r.c = c
+	if r.nc, err = netlinkDial(); err != nil {
+		return nil, err
+	}
+	defer r.nc.Close()
 	sets, err := c.GetSets(r.table)
 	if err != nil {
 		if isNotFound(err) {
@@ -114,7 +120,7 @@ func (r *kernelReader) elements(name string) ([]gnft.SetElement, error) {
 	if r.sets[name] == nil {
 		return nil, nil
 	}
-	es, err := r.c.GetSetElements(&gnft.Set{Table: r.table, Name: name})
+	es, err := dumpElems(r.nc, byte(r.f.nfproto()), name)
 	if err != nil && !isNotFound(err) {
 		return nil, fmt.Errorf("nftables: elements of %s: %w", name, err)
 	}
@@ -161,46 +167,59 @@ func (r *kernelReader) readElements(t *liveTable) error {
 		}
 		t.hairpin[k] = true
 	}
+	type use struct {
+		dnat  bool
+		proto uint8
+	}
+	uses := map[string]use{}
+	var names []string
 	for _, rules := range t.chains {
 		for _, rl := range rules {
 			for _, s := range rl {
 				var name string
-				var proto uint8
-				dnat := false
+				var u use
 				switch x := s.(type) {
 				case numgenVmap:
 					name = x.m
 				case numgenDNAT:
-					name, dnat = x.m, true
+					name, u.dnat = x.m, true
 				default:
 					continue
 				}
-				if _, done := t.weights[name]; done || r.sets[name] == nil {
+				if _, done := uses[name]; done || r.sets[name] == nil {
 					continue
 				}
 				if p, ok := rl[0].(l4proto); ok {
-					proto = uint8(p)
+					u.proto = uint8(p)
 				}
-				wm, err := r.weightMap(name, dnat, proto)
-				if err != nil {
-					return err
-				}
-				t.weights[name] = wm
+				uses[name] = u
+				names = append(names, name)
 			}
 		}
+	}
+	elems, err := dumpElemsOf(byte(r.f.nfproto()), names, elemReaders)
+	if err != nil {
+		return err
+	}
+	for i, name := range names {
+		wm, err := decodeWeightMap(name, uses[name].dnat, uses[name].proto, r.alen, elems[i])
+		if err != nil {
+			return err
+		}
+		t.weights[name] = wm
 	}
 	return nil
 }
 
-// weightMap reads a weight map: keys "lo-hi . proto" (numgen's value big
-// endian, each field in its register), values an endpoint (address, then
-// the port in its register) or a verdict.
-func (r *kernelReader) weightMap(name string, dnat bool, proto uint8) (*weightMap, error) {
-	es, err := r.elements(name)
-	if err != nil {
-		return nil, err
-	}
+// decodeWeightMap reads a weight map's elements: keys "lo-hi . proto"
+// (numgen's value big endian, each field in its register), values an
+// endpoint (address, then the port in its register) or a verdict.
+func decodeWeightMap(name string, dnat bool, proto uint8, alen int, es []gnft.SetElement) (*weightMap, error) {
+	var err error
 	wm := &weightMap{dnat: dnat, proto: proto}
+	if len(es) > 0 {
+		wm.elems = make([]wmElem, 0, len(es))
+	}
 	for _, e := range es {
 		if len(e.Key) != 8 || (e.KeyEnd != nil && len(e.KeyEnd) != 8) {
 			return nil, fmt.Errorf("nftables: map %s: key of %d bytes", name, len(e.Key))
@@ -211,11 +230,11 @@ func (r *kernelReader) weightMap(name string, dnat bool, proto uint8) (*weightMa
 			x.hi = binary.BigEndian.Uint32(e.KeyEnd)
 		}
 		if dnat {
-			if len(e.Val) != r.alen+4 {
+			if len(e.Val) != alen+4 {
 				return nil, fmt.Errorf("nftables: map %s: value of %d bytes", name, len(e.Val))
 			}
-			a, _ := netip.AddrFromSlice(e.Val[:r.alen])
-			x.dnat = netip.AddrPortFrom(a, binary.BigEndian.Uint16(e.Val[r.alen:]))
+			a, _ := netip.AddrFromSlice(e.Val[:alen])
+			x.dnat = netip.AddrPortFrom(a, binary.BigEndian.Uint16(e.Val[alen:]))
 		} else if x.to, err = decodeVerdict(e.Val); err != nil {
 			return nil, fmt.Errorf("nftables: map %s: %w", name, err)
 		}

@@ -122,6 +122,8 @@ type netlinkWriter struct {
 	family int
 	f      fam
 	table  *gnft.Table
+	// opts open each batch's connection (tests: a fake socket).
+	opts []gnft.ConnOption
 }
 
 func newNetlinkWriter(family int) *netlinkWriter {
@@ -144,7 +146,7 @@ func (w *netlinkWriter) build(t *ops) (*gnft.Conn, error) {
 	if len(t.list) > maxNetlinkOps {
 		return nil, errUnsupported{fmt.Sprintf("%d operations", len(t.list))}
 	}
-	c, err := gnft.New()
+	c, err := gnft.New(w.opts...)
 	if err != nil {
 		return nil, err
 	}

@@ -205,7 +205,7 @@ CPU: utime+stime of the proxy, its waited-for children (cutime+cstime: iptables-
 steelyard ebpf: change -> kernel is the write to the first poll (1 ms period, cilium/ebpf lookups of the
   changed port's services entry and slots) that finds the address in the pinned maps; the agent's nftables
   half (every entry point, clusterIPs too, for sockets outside the cgroup) is written in the same sync,
-  before the maps. maps memlock: the kernel's memory of its pinned maps (fdinfo memlock).
+  after the maps (before them up to b52a97c). maps memlock: the kernel's memory of its pinned maps (fdinfo memlock).
 explain: steelyard explain --mode X in the namespace, after the run (wall, CPU s); kube-proxy has no
   explain: its ruleset listed instead (nft list ruleset, iptables-save), the nearest equivalent.
 `, cfg.gap)

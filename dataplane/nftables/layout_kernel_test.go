@@ -1,0 +1,227 @@
+//go:build e2e
+
+package nftables
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	gnft "github.com/google/nftables"
+
+	"github.com/steelyard-net/steelyard/test/sandbox"
+)
+
+// BenchmarkWeightMapLayouts prints, for STEELYARD_LAYOUT_SERVICES
+// Service ports x 10 endpoints (default 10,000, in a sandbox's node
+// namespace), what reading every weight element costs and what one
+// port's change (10 elements out, 10 in, one commit) costs, for three
+// layouts of the weight maps: one map per port (today's), one map for
+// all ports keyed "numgen . proto . port id", and 64 such maps (a port
+// in map id%64); STEELYARD_LAYOUT_SHARDS picks others. Only the maps, no chains or rules: the question is the
+// kernel's cost per element dump and per commit. Figures only:
+//
+//	go test -tags e2e -run '^$' -bench WeightMapLayouts -benchtime 1x ./dataplane/nftables/
+func BenchmarkWeightMapLayouts(b *testing.B) {
+	n := os.Getenv("STEELYARD_LAYOUT_SERVICES")
+	if n == "" {
+		n = "10000"
+	}
+	if os.Getenv("STEELYARD_NLX_CHILD") != "" {
+		weightMapLayouts(b, n)
+		return
+	}
+	if _, err := exec.LookPath("nft"); err != nil {
+		b.Fatal("no nft binary (scripts/install-deps.sh installs it)")
+	}
+	s := sandbox.NewT(b, sandbox.Options{})
+	sandbox.ExecTimeout = 30 * time.Minute
+	out, err := s.Node.Exec("env", "STEELYARD_NLX_CHILD=1", "STEELYARD_LAYOUT_SERVICES="+n,
+		"STEELYARD_LAYOUT_SHARDS="+os.Getenv("STEELYARD_LAYOUT_SHARDS"), os.Args[0],
+		"-test.run", "^$", "-test.bench", "^BenchmarkWeightMapLayouts$", "-test.benchtime", "1x", "-test.v", "-test.timeout", "30m")
+	b.Logf("in %s:\n%s", s.Node.Name, out)
+	if err != nil {
+		b.Fatal(err)
+	}
+}
+
+func weightMapLayouts(t testing.TB, n string) {
+	var count int
+	if _, err := fmt.Sscan(n, &count); err != nil {
+		t.Fatal(err)
+	}
+	cpu := func() float64 {
+		var self syscall.Rusage
+		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &self)
+		sec := func(t syscall.Timeval) float64 { return float64(t.Sec) + float64(t.Usec)/1e6 }
+		return sec(self.Utime) + sec(self.Stime)
+	}
+	load := func() string {
+		b, _ := os.ReadFile("/proc/loadavg")
+		return strings.Join(strings.Fields(string(b))[:3], " ")
+	}
+	// STEELYARD_LAYOUT_SHARDS: the layouts, as a list of map counts (0:
+	// one map per port); default 0,1,64.
+	layouts := []int{0, 1, 64}
+	if v := os.Getenv("STEELYARD_LAYOUT_SHARDS"); v != "" {
+		layouts = nil
+		for _, f := range strings.Split(v, ",") {
+			var k int
+			if _, err := fmt.Sscan(f, &k); err != nil {
+				t.Fatal(err)
+			}
+			layouts = append(layouts, k)
+		}
+	}
+	for _, shards := range layouts {
+		maps := shards
+		if shards == 0 {
+			maps = count
+		}
+		var sb strings.Builder
+		fmt.Fprintf(&sb, "table ip %s {\n", TableName)
+		names := make([]string, maps)
+		for m := 0; m < maps; m++ {
+			names[m] = fmt.Sprintf("w%d", m)
+			typ := "numgen random mod 10 . meta l4proto . meta mark"
+			if shards == 0 {
+				typ = "numgen random mod 10 . meta l4proto"
+			}
+			fmt.Fprintf(&sb, "map %s { typeof %s : ip daddr . tcp dport; flags interval; elements = {", names[m], typ)
+			first := true
+			for i := m; i < count; i += maps {
+				for j := 0; j < 10; j++ {
+					if !first {
+						sb.WriteString(",")
+					}
+					first = false
+					k := i*10 + j
+					if shards == 0 {
+						fmt.Fprintf(&sb, "%d-%d . tcp : 198.19.%d.%d . 8080", j, j, (k%65000)>>8, k%256)
+					} else {
+						fmt.Fprintf(&sb, "%d-%d . tcp . %d : 198.19.%d.%d . 8080", j, j, i, (k%65000)>>8, k%256)
+					}
+				}
+			}
+			sb.WriteString("} }\n")
+		}
+		sb.WriteString("}\n")
+		cmd := exec.Command("nft", "-f", "-")
+		cmd.Stdin = strings.NewReader(sb.String())
+		start := time.Now()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("nft -f: %v: %s", err, out)
+		}
+		write := time.Since(start)
+
+		start, c := time.Now(), cpu()
+		elems, err := dumpElemsOf(unixNFProtoIPv4, names, 1)
+		wall, used := time.Since(start), cpu()-c
+		if err != nil {
+			t.Fatal(err)
+		}
+		total := 0
+		for _, es := range elems {
+			total += len(es)
+		}
+		if total != count*10 {
+			t.Fatalf("read %d elements, want %d", total, count*10)
+		}
+		changes := layoutChanges(t, shards, count, names)
+		layout := "one map per port"
+		if shards > 0 {
+			layout = fmt.Sprintf("%d map(s) for all ports", shards)
+		}
+		t.Logf("%d ports, %s: nft -f %.1f s; read %d elements in %d dumps: %.3f s wall, %.3f CPU-s; one port's change (10 out, 10 in, one commit) over 20 commits: median %.2f ms, max %.2f ms; load average %s",
+			count, layout, write.Seconds(), total, len(names), wall.Seconds(), used, ms(changes[len(changes)/2]), ms(changes[len(changes)-1]), load())
+		if out, err := exec.Command("nft", "delete", "table", "ip", TableName).CombinedOutput(); err != nil {
+			t.Fatalf("nft delete table: %v: %s", err, out)
+		}
+	}
+}
+
+const unixNFProtoIPv4 = 2
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// layoutChanges times 20 commits that each replace a port's 10 elements
+// (the middle port) through google/nftables, sorted.
+func layoutChanges(t testing.TB, shards, count int, names []string) []time.Duration {
+	c, err := gnft.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := count / 2
+	m := names[port%len(names)]
+	set, err := c.GetSetByName(&gnft.Table{Name: TableName, Family: gnft.TableFamilyIPv4}, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The port id's byte order as nft wrote it (meta mark: host order,
+	// unless nft chose otherwise), found from the elements.
+	var order binary.AppendByteOrder = binary.NativeEndian
+	elems := func(gen int) []gnft.SetElement {
+		var es []gnft.SetElement
+		for j := 0; j < 10; j++ {
+			key := func(v uint32) []byte {
+				k := binary.BigEndian.AppendUint32(nil, v)
+				k = append(k, 6, 0, 0, 0)
+				if shards > 0 {
+					k = order.AppendUint32(k, uint32(port))
+				}
+				return k
+			}
+			val := []byte{198, 19, 250, byte(gen*10 + j), 0x1f, 0x90, 0, 0}
+			es = append(es, gnft.SetElement{Key: key(uint32(j)), KeyEnd: key(uint32(j)), Val: val})
+		}
+		return es
+	}
+	old, err := c.GetSetElements(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mine []gnft.SetElement
+	for _, e := range old {
+		switch {
+		case shards == 0:
+		case len(e.Key) != 12:
+			t.Fatalf("key of %d bytes", len(e.Key))
+		case binary.NativeEndian.Uint32(e.Key[8:]) == uint32(port):
+		case binary.BigEndian.Uint32(e.Key[8:]) == uint32(port):
+			order = binary.BigEndian
+		default:
+			continue
+		}
+		mine = append(mine, gnft.SetElement{Key: e.Key, KeyEnd: e.KeyEnd})
+	}
+	if len(mine) != 10 {
+		t.Fatalf("port %d has %d elements in %s, want 10", port, len(mine), m)
+	}
+	var out []time.Duration
+	for gen := 0; gen < 20; gen++ {
+		if err := c.SetDeleteElements(set, mine); err != nil {
+			t.Fatal(err)
+		}
+		next := elems(gen)
+		if err := c.SetAddElements(set, next); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if err := c.Flush(); err != nil {
+			t.Fatalf("commit %d: %v", gen, err)
+		}
+		out = append(out, time.Since(start))
+		mine = mine[:0]
+		for _, e := range next {
+			mine = append(mine, gnft.SetElement{Key: e.Key, KeyEnd: e.KeyEnd})
+		}
+	}
+	slices.Sort(out)
+	return out
+}
