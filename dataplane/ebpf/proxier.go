@@ -396,29 +396,12 @@ func (o *tableOps) oldWant(only map[svcKey]bool) map[svcKey]table {
 			before[t.n] = t.old
 		}
 	}
-	var names []dataplane.ServicePortName
-	for key := range only {
-		for n := range o.p.byKey[key] {
-			names = append(names, n)
+	return tablesOf(o.namesAt(only), func(n dataplane.ServicePortName) *dataplane.ServicePort {
+		if sp, ok := before[n]; ok {
+			return sp
 		}
-	}
-	slices.SortFunc(names, func(a, b dataplane.ServicePortName) int { return strings.Compare(a.String(), b.String()) })
-	out := make(map[svcKey]table, len(names))
-	for _, n := range names {
-		sp, ok := before[n]
-		if !ok {
-			sp = o.applied[n]
-		}
-		if sp == nil {
-			continue
-		}
-		if _, ok := svcKeyOf(sp.VIP); !ok {
-			continue
-		}
-		t := tableOf(sp)
-		out[t.key] = t
-	}
-	return out
+		return o.applied[n]
+	})
 }
 
 // want returns the tables of the recorded ports whose VIP is in only (nil:
@@ -432,16 +415,34 @@ func (o *tableOps) want(only map[svcKey]bool) map[svcKey]table {
 			names = append(names, n)
 		}
 	} else {
-		for key := range only {
-			for n := range o.p.byKey[key] {
-				names = append(names, n)
-			}
+		names = o.namesAt(only)
+	}
+	return tablesOf(names, func(n dataplane.ServicePortName) *dataplane.ServicePort { return o.applied[n] })
+}
+
+// namesAt returns the recorded port names whose VIP is in only.
+func (o *tableOps) namesAt(only map[svcKey]bool) []dataplane.ServicePortName {
+	var names []dataplane.ServicePortName
+	for key := range only {
+		for n := range o.p.byKey[key] {
+			names = append(names, n)
 		}
 	}
+	return names
+}
+
+// tablesOf returns the tables of names' ports as port looks them up,
+// taken in name order so that of two ports with one VIP the last by name
+// wins, as in desiredTables over a sorted State. Ports port does not know,
+// and VIPs the maps do not hold, are left out.
+func tablesOf(names []dataplane.ServicePortName, port func(dataplane.ServicePortName) *dataplane.ServicePort) map[svcKey]table {
 	slices.SortFunc(names, func(a, b dataplane.ServicePortName) int { return strings.Compare(a.String(), b.String()) })
 	out := make(map[svcKey]table, len(names))
 	for _, n := range names {
-		sp := o.applied[n]
+		sp := port(n)
+		if sp == nil {
+			continue
+		}
 		if _, ok := svcKeyOf(sp.VIP); !ok {
 			continue
 		}

@@ -12,29 +12,12 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/steelyard-net/steelyard/dataplane"
+	"github.com/steelyard-net/steelyard/dataplane/dataplanetest"
 	"github.com/steelyard-net/steelyard/dataplane/nftables"
 )
 
-// benchState returns n Service ports with 10 endpoints each, sorted (VIPs
-// in 198.18.0.0/16, pods in 198.19.0.0/16; pod addresses repeat across
-// Services past 6,553 of them, which the maps do not mind).
-func benchState(n int) dataplane.State {
-	s := dataplane.State{Services: make([]dataplane.ServicePort, 0, n)}
-	for i := range n {
-		sp := dataplane.ServicePort{
-			Name: dataplane.ServicePortName{Namespace: "bench", Name: fmt.Sprintf("svc-%d", i), Port: "http"},
-			VIP:  dataplane.VIP{IP: netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}), Port: 80, Protocol: dataplane.TCP},
-		}
-		for j := range 10 {
-			k := i*10 + j
-			sp.Backends = append(sp.Backends, dataplane.Backend{IP: netip.AddrFrom4([4]byte{198, 19, byte(k >> 8), byte(k)}),
-				Port: 8080, Weight: float64(j + 1), Ready: true})
-		}
-		s.Services = append(s.Services, sp)
-	}
-	s.Sort()
-	return s
-}
+// benchState returns n Service ports with 10 endpoints each, sorted.
+func benchState(n int) dataplane.State { return dataplanetest.Synthetic(n, 10) }
 
 // stampMap notes when a Put writes key's entry (the services map: the
 // moment a connect() sees the changed port's new table).

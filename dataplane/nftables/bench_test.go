@@ -2,33 +2,18 @@ package nftables
 
 import (
 	"context"
-	"fmt"
-	"net/netip"
 	"syscall"
 	"testing"
 
 	"sigs.k8s.io/knftables"
 
 	"github.com/steelyard-net/steelyard/dataplane"
+	"github.com/steelyard-net/steelyard/dataplane/dataplanetest"
 )
 
 // bigState returns n Service ports with 10 endpoints each (VIPs in
 // 198.18.0.0/16, pods in 198.19.0.0/16).
-func bigState(n int) dataplane.State {
-	s := dataplane.State{Services: make([]dataplane.ServicePort, 0, n)}
-	for i := range n {
-		sp := dataplane.ServicePort{
-			Name: dataplane.ServicePortName{Namespace: "bench", Name: fmt.Sprintf("svc-%d", i), Port: "http"},
-			VIP:  dataplane.VIP{IP: netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}), Port: 80, Protocol: dataplane.TCP},
-		}
-		for j := range 10 {
-			k := i*10 + j
-			sp.Backends = append(sp.Backends, be(netip.AddrFrom4([4]byte{198, 19, byte(k >> 8), byte(k)}).String(), 8080, float64(j+1)))
-		}
-		s.Services = append(s.Services, sp)
-	}
-	return s
-}
+func bigState(n int) dataplane.State { return dataplanetest.Synthetic(n, 10) }
 
 // BenchmarkFirstSync renders 10,000 Services x 10 endpoints and runs the
 // first (full) transaction against knftables.Fake.
