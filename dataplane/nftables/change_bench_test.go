@@ -106,7 +106,18 @@ type changeBench struct {
 }
 
 func newChangeBench(tb testing.TB, n int) *changeBench {
-	src := benchCluster(n)
+	c := newFirstSyncBench(tb)
+	c.src = benchCluster(n)
+	c.agent.Source = c.src
+	if err := c.agent.Sync(); err != nil {
+		tb.Fatal(err)
+	}
+	return c
+}
+
+// newFirstSyncBench is a changeBench before its first sync, with no
+// source yet.
+func newFirstSyncBench(tb testing.TB) *changeBench {
 	var ps [2]*Proxier
 	for i, family := range []int{4, 6} {
 		f := famOf(family)
@@ -121,14 +132,11 @@ func newChangeBench(tb testing.TB, n int) *changeBench {
 	}
 	tr := controller.NewChangeTracker()
 	a := &controller.Agent{
-		Source: src, Tracker: tr, Builder: controller.NewBuilder(),
+		Tracker: tr, Builder: controller.NewBuilder(),
 		Dataplane: dataplane.NewDualStack(ps[0], ps[1]), FullSyncPeriod: time.Hour,
 		Metrics: controller.NewMetrics(), Conntrack: conntrack.NewFake(),
 	}
-	if err := a.Sync(); err != nil {
-		tb.Fatal(err)
-	}
-	return &changeBench{src: src, tr: tr, agent: a, v4: ps[0]}
+	return &changeBench{tr: tr, agent: a, v4: ps[0]}
 }
 
 // change turns endpoint 3 of Service i unready (odd k) or ready again
