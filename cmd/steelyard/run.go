@@ -118,6 +118,7 @@ func newRunCommand() *cobra.Command {
 		Short: "Run the node agent: program the kernel from Services and EndpointSlices",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			tuneGC() // the agent only: the CLI commands keep Go's default
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
 			// A change of this node's pod ranges under NodeCIDR ends the

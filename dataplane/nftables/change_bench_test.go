@@ -19,7 +19,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/knftables"
 
 	"github.com/steelyard-net/steelyard/controller"
@@ -106,7 +110,18 @@ type changeBench struct {
 }
 
 func newChangeBench(tb testing.TB, n int) *changeBench {
-	src := benchCluster(n)
+	c := newFirstSyncBench(tb)
+	c.src = benchCluster(n)
+	c.agent.Source = c.src
+	if err := c.agent.Sync(); err != nil {
+		tb.Fatal(err)
+	}
+	return c
+}
+
+// newFirstSyncBench is a changeBench before its first sync, with no
+// source yet.
+func newFirstSyncBench(tb testing.TB) *changeBench {
 	var ps [2]*Proxier
 	for i, family := range []int{4, 6} {
 		f := famOf(family)
@@ -121,14 +136,11 @@ func newChangeBench(tb testing.TB, n int) *changeBench {
 	}
 	tr := controller.NewChangeTracker()
 	a := &controller.Agent{
-		Source: src, Tracker: tr, Builder: controller.NewBuilder(),
+		Tracker: tr, Builder: controller.NewBuilder(),
 		Dataplane: dataplane.NewDualStack(ps[0], ps[1]), FullSyncPeriod: time.Hour,
 		Metrics: controller.NewMetrics(), Conntrack: conntrack.NewFake(),
 	}
-	if err := a.Sync(); err != nil {
-		tb.Fatal(err)
-	}
-	return &changeBench{src: src, tr: tr, agent: a, v4: ps[0]}
+	return &changeBench{tr: tr, agent: a, v4: ps[0]}
 }
 
 // change turns endpoint 3 of Service i unready (odd k) or ready again
@@ -163,11 +175,7 @@ func BenchmarkEndpointChange10kx10(b *testing.B) { benchEndpointChange(b, 10000)
 func BenchmarkEndpointChange1kx10(b *testing.B) { benchEndpointChange(b, 1000) }
 
 func benchEndpointChange(b *testing.B, n int) {
-	// The agent logs each sync at Info, as in production: formatted,
-	// not printed.
-	out := logrus.StandardLogger().Out
-	logrus.SetOutput(io.Discard)
-	defer logrus.SetOutput(out)
+	quietLogs(b)
 	c := newChangeBench(b, n)
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -178,6 +186,14 @@ func benchEndpointChange(b *testing.B, n int) {
 		c.change(b, n*4321/10000, k)
 	}
 	b.ReportMetric(float64(benchCPU()-cpu0)/float64(k), "cpu-ns/op")
+}
+
+// quietLogs discards logrus' output until tb ends: the agent logs each
+// sync at Info, as in production, formatted but not printed.
+func quietLogs(tb testing.TB) {
+	out := logrus.StandardLogger().Out
+	logrus.SetOutput(io.Discard)
+	tb.Cleanup(func() { logrus.SetOutput(out) })
 }
 
 // benchCPU is the process's user plus system CPU time: on a loaded
@@ -198,9 +214,7 @@ func benchCPU() time.Duration {
 // keep. STEELYARD_HEAPPROFILE=file writes the heap profile
 // (go tool pprof -sample_index=inuse_space).
 func BenchmarkHeapAfterFirstSync10kx10(b *testing.B) {
-	out := logrus.StandardLogger().Out
-	logrus.SetOutput(io.Discard)
-	defer logrus.SetOutput(out)
+	quietLogs(b)
 	for b.Loop() {
 		objs := benchCluster(10000)
 		base := liveHeap()
@@ -238,9 +252,7 @@ func liveHeap() uint64 {
 // of a change, the trade-off a lower GOGC makes. The API objects (47 MiB,
 // not stripped as the informers strip them) are in the figures.
 func BenchmarkPeakMemory10kx10(b *testing.B) {
-	out := logrus.StandardLogger().Out
-	logrus.SetOutput(io.Discard)
-	defer logrus.SetOutput(out)
+	quietLogs(b)
 	for _, gogc := range []int{100, 50, 25} {
 		b.Run(fmt.Sprintf("gogc=%d", gogc), func(b *testing.B) {
 			old := debug.SetGCPercent(gogc)
@@ -283,4 +295,134 @@ func samplePeak(stop <-chan struct{}, peak chan<- uint64) {
 		case <-t.C:
 		}
 	}
+}
+
+// apiObjects is what the API server sends a watch of n Services x 10
+// endpoints: each object protobuf-encoded on its own (a streaming list
+// sends one watch event per object), with the fields the API server fills
+// in (managedFields, clusterIPs, owner and target references).
+type apiObjects struct{ svcs, slices [][]byte }
+
+// managedFieldsOf is one field manager's entry, as kubectl apply leaves
+// it: a few hundred bytes of JSON per object, decoded then stripped.
+func managedFieldsOf(manager string) []metav1.ManagedFieldsEntry {
+	t := metav1.NewTime(time.Date(2026, 12, 6, 23, 50, 30, 0, time.UTC))
+	return []metav1.ManagedFieldsEntry{{
+		Manager: manager, Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "v1", Time: &t, FieldsType: "FieldsV1",
+		FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:metadata":{"f:labels":{".":{},"f:app":{}}},"f:spec":{"f:internalTrafficPolicy":{},"f:ports":{".":{},"k:{\"port\":80,\"protocol\":\"TCP\"}":{".":{},"f:name":{},"f:port":{},"f:protocol":{},"f:targetPort":{}}},"f:selector":{},"f:sessionAffinity":{},"f:type":{}}}`)},
+	}}
+}
+
+func newAPIObjects(tb testing.TB, n int) *apiObjects {
+	ser := protobuf.NewSerializer(scheme.Scheme, scheme.Scheme)
+	enc := func(obj k8sruntime.Object) []byte {
+		data, err := k8sruntime.Encode(scheme.Codecs.EncoderForVersion(ser, obj.GetObjectKind().GroupVersionKind().GroupVersion()), obj)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return data
+	}
+	o := &apiObjects{}
+	single := corev1.IPFamilyPolicySingleStack
+	cluster := corev1.ServiceInternalTrafficPolicyCluster
+	for i := range n {
+		name := fmt.Sprintf("svc-%d", i)
+		vip := netip.AddrFrom4([4]byte{198, 18, byte((i + 1) >> 8), byte(i + 1)}).String()
+		svc := &corev1.Service{
+			TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+			ObjectMeta: metav1.ObjectMeta{
+				Namespace: "bench", Name: name, UID: types.UID(fmt.Sprintf("10000000-0000-0000-0000-%012d", i)), ResourceVersion: "123456",
+				Labels: map[string]string{"app": name}, ManagedFields: managedFieldsOf("kubectl-client-side-apply"),
+			},
+			Spec: corev1.ServiceSpec{
+				Type: corev1.ServiceTypeClusterIP, ClusterIP: vip, ClusterIPs: []string{vip},
+				IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol}, IPFamilyPolicy: &single, InternalTrafficPolicy: &cluster,
+				SessionAffinity: corev1.ServiceAffinityNone, Selector: map[string]string{"app": name},
+				Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(8080)}},
+			},
+		}
+		o.svcs = append(o.svcs, enc(svc))
+		sl := benchSlice(name, i, -1)
+		sl.TypeMeta = metav1.TypeMeta{APIVersion: "discovery.k8s.io/v1", Kind: "EndpointSlice"}
+		sl.ManagedFields = managedFieldsOf("kube-controller-manager")
+		tr := true
+		sl.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: name, UID: svc.UID, Controller: &tr, BlockOwnerDeletion: &tr}}
+		for j := range sl.Endpoints {
+			node, zone := fmt.Sprintf("node-%d", j%3), "zone-a"
+			sl.Endpoints[j].NodeName, sl.Endpoints[j].Zone = &node, &zone
+			sl.Endpoints[j].Conditions.Serving, sl.Endpoints[j].Conditions.Terminating = &tr, new(bool)
+			sl.Endpoints[j].TargetRef.UID = types.UID(fmt.Sprintf("20000000-0000-0000-0000-%012d", i*10+j))
+		}
+		o.slices = append(o.slices, enc(sl))
+	}
+	return o
+}
+
+// decode is what the clientset does with each event: the objects, fresh,
+// handed to the tracker as the watch stores do (added: no previous state).
+func (o *apiObjects) decode(tb testing.TB, tr interface {
+	ServiceChanged(p, c *corev1.Service) bool
+	SliceChanged(p, c *discoveryv1.EndpointSlice) bool
+}) *clusterSnapshot {
+	dec := protobuf.NewSerializer(scheme.Scheme, scheme.Scheme)
+	src := &clusterSnapshot{svcs: make([]*corev1.Service, 0, len(o.svcs)), slices: make([]*discoveryv1.EndpointSlice, 0, len(o.slices))}
+	for _, data := range o.svcs {
+		s := &corev1.Service{}
+		if _, _, err := dec.Decode(data, nil, s); err != nil {
+			tb.Fatal(err)
+		}
+		s.ManagedFields = nil // stripUnread
+		tr.ServiceChanged(nil, s)
+		src.svcs = append(src.svcs, s)
+	}
+	for _, data := range o.slices {
+		s := &discoveryv1.EndpointSlice{}
+		if _, _, err := dec.Decode(data, nil, s); err != nil {
+			tb.Fatal(err)
+		}
+		s.ManagedFields = nil
+		tr.SliceChanged(nil, s)
+		src.slices = append(src.slices, s)
+	}
+	return src
+}
+
+// BenchmarkFirstSyncFromAPI10kx10 is a node's first sync of 10,000
+// Services x 10 endpoints, in process: the API server's protobuf objects
+// decoded and handed to the ChangeTracker, then the agent's first Sync
+// (Build of every Service, reconcile engine, render, the netlink batches
+// sent to a socket that acks them). What bench-k8s's first sync costs
+// steelyard's own process, without the API server, the HTTP transport and
+// the kernel's work. cpu-s are the process's CPU-seconds (user+system);
+// under load they, not wall time, are the figure to compare.
+func BenchmarkFirstSyncFromAPI10kx10(b *testing.B) { benchFirstSyncFromAPI(b, 10000) }
+
+// BenchmarkFirstSyncFromAPI1kx10 is BenchmarkFirstSyncFromAPI10kx10 at
+// 1,000 Services.
+func BenchmarkFirstSyncFromAPI1kx10(b *testing.B) { benchFirstSyncFromAPI(b, 1000) }
+
+func benchFirstSyncFromAPI(b *testing.B, n int) {
+	quietLogs(b)
+	objs := newAPIObjects(b, n)
+	var decode, sync time.Duration
+	b.ReportAllocs()
+	for b.Loop() {
+		c := newFirstSyncBench(b)
+		decode += cpuOf(func() { c.agent.Source = objs.decode(b, c.tr) })
+		sync += cpuOf(func() {
+			if err := c.agent.Sync(); err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+	for unit, d := range map[string]time.Duration{"decode-cpu-s": decode, "sync-cpu-s": sync, "cpu-s": decode + sync} {
+		b.ReportMetric(d.Seconds()/float64(b.N), unit)
+	}
+}
+
+// cpuOf is the process's CPU time while f runs.
+func cpuOf(f func()) time.Duration {
+	c0 := benchCPU()
+	f()
+	return benchCPU() - c0
 }

@@ -3,16 +3,21 @@
 package nftables
 
 import (
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"sigs.k8s.io/knftables"
 
 	"github.com/steelyard-net/steelyard/dataplane"
+	"github.com/steelyard-net/steelyard/dataplane/dataplanetest"
+	"github.com/steelyard-net/steelyard/test/sandbox"
 )
 
 // netlinkStates are the states TestNetlinkMatchesNft walks through: every
@@ -332,4 +337,96 @@ func splitRulesOverNetlink(t *testing.T, p *Proxier, list func() string) {
 		t.Errorf("family %d: split rules written over netlink differ from nft's\n--- got\n%s\n--- want\n%s", p.cfg.Family, after, before)
 	}
 	t.Logf("family %d: %d split chains rewritten over netlink", p.cfg.Family, n)
+}
+
+// BenchmarkKernelFirstSync is the first sync of STEELYARD_FIRSTSYNC_SERVICES
+// (default 10000) Service ports x 10 endpoints into an empty table of a
+// test namespace's kernel: wall time, and the CPU split into user and
+// system (the kernel's work on each batch is charged to the process that
+// sends it, nft), children included. STEELYARD_FIRSTSYNC_CPUPROFILE writes
+// a CPU profile of the sync (steelyard's Go only); STEELYARD_FIRSTSYNC_BATCH
+// sets BatchPorts. Figures only:
+//
+//	go test -tags e2e -run '^$' -bench KernelFirstSync -benchtime 1x ./dataplane/nftables/
+func BenchmarkKernelFirstSync(b *testing.B) {
+	benchInSandbox(b, kernelFirstSync, "STEELYARD_FIRSTSYNC_SERVICES", "STEELYARD_FIRSTSYNC_CPUPROFILE", "STEELYARD_FIRSTSYNC_BATCH")
+}
+
+// benchInSandbox runs the benchmark b once as root in the node namespace
+// of a sandbox: the test binary runs itself there with STEELYARD_NLX_CHILD
+// and the environment variables named by pass, and that child runs body.
+func benchInSandbox(b *testing.B, body func(testing.TB), pass ...string) {
+	if os.Getenv("STEELYARD_NLX_CHILD") != "" {
+		body(b)
+		return
+	}
+	s := sandbox.NewT(b, sandbox.Options{})
+	sandbox.ExecTimeout = 30 * time.Minute
+	args := []string{"env", "STEELYARD_NLX_CHILD=1"}
+	for _, k := range pass {
+		args = append(args, k+"="+os.Getenv(k))
+	}
+	args = append(args, os.Args[0], "-test.run", "^$", "-test.bench", "^"+b.Name()+"$",
+		"-test.benchtime", "1x", "-test.v", "-test.timeout", "30m")
+	out, err := s.Node.Exec(args...)
+	b.Logf("in %s:\n%s", s.Node.Name, out)
+	if err != nil {
+		b.Fatal(err)
+	}
+}
+
+func kernelFirstSync(t testing.TB) {
+	count, batch := 10000, 0
+	for k, v := range map[string]*int{"STEELYARD_FIRSTSYNC_SERVICES": &count, "STEELYARD_FIRSTSYNC_BATCH": &batch} {
+		if s := os.Getenv(k); s != "" {
+			if _, err := fmt.Sscan(s, v); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if batch > 0 {
+		BatchPorts = batch
+	}
+	s := dataplanetest.Synthetic(count, 10)
+	p, err := NewKernel(testCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Cleanup() //nolint:errcheck
+	if prof := os.Getenv("STEELYARD_FIRSTSYNC_CPUPROFILE"); prof != "" {
+		f, err := os.Create(prof)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			t.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	var r0, r1 [2]syscall.Rusage // self, children
+	usage := func(r *[2]syscall.Rusage) {
+		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &r[0])
+		_ = syscall.Getrusage(syscall.RUSAGE_CHILDREN, &r[1])
+	}
+	sec := func(get func(syscall.Rusage) syscall.Timeval) float64 {
+		var d float64
+		for i := range r0 {
+			a, b := get(r0[i]), get(r1[i])
+			d += float64(b.Sec-a.Sec) + float64(b.Usec-a.Usec)/1e6
+		}
+		return d
+	}
+	usage(&r0)
+	start := time.Now()
+	if _, err := p.Sync(s, dataplane.FullSync); err != nil {
+		t.Fatal(err)
+	}
+	wall := time.Since(start)
+	usage(&r1)
+	load, _ := os.ReadFile("/proc/loadavg")
+	t.Logf("first sync of %d x 10 (BatchPorts %d, netlink %v): wall %.2f s, CPU user %.2f s, system %.2f s; load %s",
+		count, BatchPorts, p.lastNetlink, wall.Seconds(),
+		sec(func(r syscall.Rusage) syscall.Timeval { return r.Utime }), sec(func(r syscall.Rusage) syscall.Timeval { return r.Stime }),
+		strings.Join(strings.Fields(string(load))[:3], " "))
 }
