@@ -287,12 +287,12 @@ func (p *Proxier) renderPort(sp *dataplane.ServicePort) *portObjects {
 		// reading every interval map of the table before each element
 		// change (see the package comment).
 		if affinity {
-			rules = append(rules, r(numgenVmap{uint32(mod), mname}))
+			rules = append(rules, r(numgenVmap{uint32(mod), 0, mname}))
 		} else {
 			// One rule DNATs through the map: no chain per endpoint (at
 			// 10,000 Services x 10 endpoints 10,005 chains instead of
 			// 110,012; see docs/dataplanes.md).
-			rules = append(rules, r(l4proto(pnum), numgenDNAT{uint32(mod), mname}))
+			rules = append(rules, r(l4proto(pnum), numgenDNAT{uint32(mod), 0, mname}))
 		}
 		o.addChain(chain, rules...)
 	}
