@@ -360,7 +360,12 @@ func (p *Proxier) modelTable() (*liveTable, error) {
 			t.chains[c] = rules
 		}
 		for m, wm := range o.maps {
-			t.weights[m] = wm
+			// A shared map holds several ports' elements.
+			if have := t.weights[m]; have != nil {
+				have.elems = append(have.elems, wm.elems...)
+			} else {
+				t.weights[m] = &weightMap{dnat: wm.dnat, proto: wm.proto, elems: slices.Clone(wm.elems)}
+			}
 		}
 		for s, sec := range o.sets {
 			t.timeouts[s] = sec

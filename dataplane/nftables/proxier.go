@@ -187,6 +187,10 @@ type Proxier struct {
 	nodeIPs []string
 	// stale are unused objects to flush and delete once StaleDelay has passed.
 	stale map[staleKey]time.Time
+	// slots places each split in a shared weight map; shardMaps are the
+	// shared weight maps the kernel has (weightmaps.go).
+	slots     *slotTable
+	shardMaps map[string]bool
 	// readLive reads the live table for Explain: the kernel's (NewKernel),
 	// or in unit tests the knftables Fake's.
 	readLive func() (*liveTable, error)
@@ -226,6 +230,7 @@ func NewProxier(nft knftables.Interface, cfg Config) *Proxier {
 		rec:     newRecord(),
 		hairpin: map[hairpinKey]int{},
 		stale:   map[staleKey]time.Time{},
+		slots:   newSlotTable(),
 		now:     time.Now,
 		gen:     newGeneration(),
 	}
@@ -317,6 +322,7 @@ func (p *Proxier) Cleanup() error {
 	p.rec = newRecord()
 	p.hairpin = map[hairpinKey]int{}
 	p.stale = map[staleKey]time.Time{}
+	p.slots, p.shardMaps = newSlotTable(), nil
 	p.nodeIPs = nil
 	p.eng.Reset()
 	p.gen.drop()

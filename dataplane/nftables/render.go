@@ -255,18 +255,20 @@ func (p *Proxier) renderPort(sp *dataplane.ServicePort) *portObjects {
 		}
 		mod, ranges := Ranges(weights)
 		wm := &weightMap{dnat: !affinity, proto: pnum}
-		mname := weightMapName(chain)
-		if !affinity {
-			mname = dnatMapName(chain)
-			if p.cfg.CountConnections {
-				mname = countedMapName(chain)
-			}
+		// A shared weight map, the port's draws at its offset there
+		// (weightmaps.go); a counted map is the port's own.
+		mname := shardName(chain, !affinity)
+		var off uint32
+		if !affinity && p.cfg.CountConnections {
+			mname = countedMapName(chain)
+		} else {
+			off = p.slots.place(chain, mname)
 		}
 		for i, rg := range ranges {
 			if rg[1] < rg[0] {
 				continue // too small a weight for one bucket
 			}
-			e := wmElem{lo: uint32(rg[0]), hi: uint32(rg[1])}
+			e := wmElem{lo: off + uint32(rg[0]), hi: off + uint32(rg[1])}
 			switch {
 			case i == len(bs) && !affinity:
 				// The reject share is the range without an element: the
@@ -287,12 +289,12 @@ func (p *Proxier) renderPort(sp *dataplane.ServicePort) *portObjects {
 		// reading every interval map of the table before each element
 		// change (see the package comment).
 		if affinity {
-			rules = append(rules, r(numgenVmap{uint32(mod), 0, mname}))
+			rules = append(rules, r(numgenVmap{uint32(mod), off, mname}))
 		} else {
 			// One rule DNATs through the map: no chain per endpoint (at
 			// 10,000 Services x 10 endpoints 10,005 chains instead of
 			// 110,012; see docs/dataplanes.md).
-			rules = append(rules, r(l4proto(pnum), numgenDNAT{uint32(mod), 0, mname}))
+			rules = append(rules, r(l4proto(pnum), numgenDNAT{uint32(mod), off, mname}))
 		}
 		o.addChain(chain, rules...)
 	}
