@@ -247,14 +247,20 @@ func (w *writer) sharedCommitted() {
 	w.created = nil
 }
 
-// sharedDone frees the places of the splits that went, and forgets the
-// shared maps deleted, once the whole sync committed.
+// sharedDone frees the places of the splits that went, once the whole
+// sync committed. A shared map left without a port waits StaleDelay and
+// is deleted, as a port's own map was (a port placed there before then
+// keeps it); the shared maps deleted are forgotten.
 func (w *writer) sharedDone() {
 	for _, k := range w.freed {
 		w.p.slots.release(k)
+		sk := staleKey{"map", k.m}
+		if _, waiting := w.p.stale[sk]; !waiting && len(w.p.slots.used[k.m]) == 0 {
+			w.p.stale[sk] = w.p.now()
+		}
 	}
 	for k := range w.reaped {
-		if k.kind == "map" {
+		if k.kind == "map" && len(w.p.slots.used[k.name]) == 0 {
 			delete(w.p.shardMaps, k.name)
 		}
 	}
