@@ -16,10 +16,10 @@ const (
 	extPrefix = "ext-" // external entry points: masquerade, then svc or svl
 	fwPrefix  = "fw-"  // loadBalancerSourceRanges check before ext
 	epPrefix  = "ep-"  // one endpoint of a ClientIP affinity port: hairpin mark, affinity, DNAT
-	// Weight maps: "dc-"/"dl-" + the hash of the svc/svl chain, DNAT maps
-	// (numgen range -> endpoint address . port); "wc-"/"wl-" for ports with
-	// ClientIP affinity, verdict maps to their endpoint chains. Sets of
-	// affinity: "af-" + the hash of the endpoint chain.
+	// Weight maps: shared ones "dm-NNNN"/"wm-NNNN" (weightmaps.go); the
+	// names of the per-port maps of earlier versions, "dc-"/"dl-" (DNAT)
+	// and "wc-"/"wl-" (verdict), which a full sync deletes as unused. Sets
+	// of affinity: "af-" + the hash of the endpoint chain.
 	wPrefix    = "w"
 	dnatPrefix = "d"
 	// countPrefix: "nc-"/"nl-", the DNAT maps of CountConnections, with
