@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"sigs.k8s.io/knftables"
 
@@ -96,4 +97,26 @@ func TestSharedWeightMap(t *testing.T) {
 			t.Errorf("b kept its slot %d: the test did not move it", p.slots.of[k])
 		}
 	}
+
+	// Without a port the map waits StaleDelay, then goes (the slot the
+	// test took is given back first).
+	for m, used := range p2.slots.used {
+		for slot, c := range used {
+			if c == "taken" {
+				delete(p2.slots.used[m], slot)
+			}
+		}
+	}
+	now := time.Now()
+	p2.now = func() time.Time { return now }
+	sync("none", p2, dataplane.PartialSync)
+	if fakeOf(nft).Table.Maps[m] == nil {
+		t.Errorf("map %s deleted at once", m)
+	}
+	now = now.Add(StaleDelay)
+	sync("reaped", p2, dataplane.PartialSync)
+	if fakeOf(nft).Table.Maps[m] != nil {
+		t.Errorf("map %s still there after StaleDelay", m)
+	}
+	sync("a again", p2, dataplane.PartialSync, a)
 }
