@@ -332,14 +332,6 @@ func weightMapName(chain string) string {
 	return wPrefix + kind + "-" + h
 }
 
-// dnatMapName is the DNAT map of a split chain without affinity: "dc-HASH"
-// for svc-, "dl-HASH" for svl-. Other names than the verdict maps' so that
-// a table of an older steelyard (verdict maps wc- for every port) is
-// upgraded in place: a map cannot change its type under the same name.
-func dnatMapName(chain string) string {
-	return dnatPrefix + strings.TrimPrefix(weightMapName(chain), wPrefix)
-}
-
 // countedMapName is the counted DNAT map of a split chain: "nc-HASH" for
 // svc-, "nl-HASH" for svl-.
 func countedMapName(chain string) string {
