@@ -212,9 +212,10 @@ func (t *liveTable) follow(chain string, v *dataplane.ServiceView) {
 
 // split computes the shares of a rule that draws from a weight map, and
 // reports whether rl is one: each element lo-hi takes (hi-lo+1)/mod of the
-// connections.
+// connections. Only the elements within the rule's draws (offset to
+// offset+mod-1) count: the map's other elements are other ports'.
 func (t *liveTable) split(chain string, rl rule, v *dataplane.ServiceView) bool {
-	var mod uint32
+	var mod, off uint32
 	var name string
 	var proto uint8
 	dnat := false
@@ -223,13 +224,13 @@ func (t *liveTable) split(chain string, rl rule, v *dataplane.ServiceView) bool 
 		if len(rl) != 1 {
 			return false
 		}
-		mod, name = s.mod, s.m
+		mod, off, name = s.mod, s.off, s.m
 	case numgenDNAT:
 		p, ok := rl[0].(l4proto)
 		if len(rl) != 2 || !ok {
 			return false
 		}
-		mod, name, proto, dnat = s.mod, s.m, uint8(p), true
+		mod, off, name, proto, dnat = s.mod, s.off, s.m, uint8(p), true
 	default:
 		return false
 	}
@@ -253,7 +254,12 @@ func (t *liveTable) split(chain string, rl rule, v *dataplane.ServiceView) bool 
 	shares := map[target]uint64{}
 	var order []target
 	var covered uint64
+	first, last := uint64(off), uint64(off)+uint64(mod)-1
 	for _, e := range wm.elems {
+		lo, hi := max(uint64(e.lo), first), min(uint64(e.hi), last)
+		if hi < lo {
+			continue // another port's, or too small for a bucket
+		}
 		var to target
 		switch {
 		case dnat:
@@ -266,15 +272,11 @@ func (t *liveTable) split(chain string, rl rule, v *dataplane.ServiceView) bool 
 			v.Problems = append(v.Problems, fmt.Sprintf("unreadable weight element %d-%d : %s", e.lo, e.hi, e.to.text(fam{})))
 			continue
 		}
-		hi := min(e.hi, mod-1)
-		if hi < e.lo {
-			continue
-		}
 		if _, ok := shares[to]; !ok {
 			order = append(order, to)
 		}
-		shares[to] += uint64(hi-e.lo) + 1
-		covered += uint64(hi-e.lo) + 1
+		shares[to] += hi - lo + 1
+		covered += hi - lo + 1
 	}
 	share := func(n uint64) float64 { return dataplane.RoundShare(100 * float64(n) / float64(mod)) }
 	if covered < uint64(mod) {
@@ -358,7 +360,12 @@ func (p *Proxier) modelTable() (*liveTable, error) {
 			t.chains[c] = rules
 		}
 		for m, wm := range o.maps {
-			t.weights[m] = wm
+			// A shared map holds several ports' elements.
+			if have := t.weights[m]; have != nil {
+				have.elems = append(have.elems, wm.elems...)
+			} else {
+				t.weights[m] = &weightMap{dnat: wm.dnat, proto: wm.proto, elems: slices.Clone(wm.elems)}
+			}
 		}
 		for s, sec := range o.sets {
 			t.timeouts[s] = sec

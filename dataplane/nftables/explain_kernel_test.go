@@ -3,6 +3,7 @@
 package nftables
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"os"
@@ -216,9 +217,16 @@ func compareWithModel(t *testing.T, p *Proxier, s dataplane.State, what string) 
 	if got, want := sortShared(live.shared), sortShared(model.shared); !reflect.DeepEqual(got, want) {
 		t.Errorf("%s: shared maps read\n  %v\nthe model wrote\n  %v", what, got, want)
 	}
+	// A shared weight map's elements, in draw order (the kernel lists
+	// them in its own; the model in the order of its ports).
+	byDraw := func(es []wmElem) []wmElem {
+		es = slices.Clone(es)
+		slices.SortFunc(es, func(a, b wmElem) int { return cmp.Compare(a.lo, b.lo) })
+		return es
+	}
 	for m, want := range model.weights {
 		got := live.weights[m]
-		if got == nil || !reflect.DeepEqual(got.elems, want.elems) {
+		if got == nil || !reflect.DeepEqual(byDraw(got.elems), byDraw(want.elems)) {
 			t.Errorf("%s: weight map %s read %+v, the model wrote %+v", what, m, got, want)
 		}
 	}

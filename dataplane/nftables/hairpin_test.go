@@ -120,22 +120,29 @@ func TestAffinityKeepsEndpointChains(t *testing.T) {
 		t.Errorf("affinity port: %d endpoint chains, want 2", eps)
 	}
 	for m, wm := range o.maps {
-		if !strings.HasPrefix(m, wPrefix+"c-") || wm.data(p.f) != "verdict" {
+		if !strings.HasPrefix(m, sharedVerdictPrefix) || wm.data(p.f) != "verdict" {
 			t.Errorf("affinity port: map %s of %s", m, wm.data(p.f))
 		}
 	}
 	o = p.renderPort(p.eng.Applied(plain.Name))
+	// The split draws at its offset in a shared DNAT map.
+	var off uint32
 	for c, rules := range o.chains {
 		if strings.HasPrefix(c, epPrefix) {
 			t.Errorf("port without affinity has endpoint chain %s", c)
 		}
-		if strings.HasPrefix(c, svcPrefix) && !strings.HasPrefix(rules[len(rules)-1].text(p.f), "meta l4proto tcp dnat ip to numgen random mod 1000000 . meta l4proto map @"+dnatPrefix+"c-") {
+		if !strings.HasPrefix(c, svcPrefix) {
+			continue
+		}
+		s, ok := rules[len(rules)-1][1].(numgenDNAT)
+		off = s.off
+		if !ok || s.mod != Buckets || off%Buckets != 0 || !strings.HasPrefix(s.m, sharedDNATPrefix) {
 			t.Errorf("split chain %s: %q", c, rules)
 		}
 	}
 	// 1:3 and a reject weight of 4: half the range has no element.
 	for m, wm := range o.maps {
-		want := []wmElem{{lo: 0, hi: 124999, dnat: netip.MustParseAddrPort("198.19.1.4:8080")}, {lo: 125000, hi: 499999, dnat: netip.MustParseAddrPort("198.19.1.5:8080")}}
+		want := []wmElem{{lo: off, hi: off + 124999, dnat: netip.MustParseAddrPort("198.19.1.4:8080")}, {lo: off + 125000, hi: off + 499999, dnat: netip.MustParseAddrPort("198.19.1.5:8080")}}
 		if !slices.Equal(wm.elems, want) || wm.data(p.f) != "ip daddr . tcp dport" {
 			t.Errorf("map %s (%s): %v, want %v", m, wm.data(p.f), wm.elems, want)
 		}

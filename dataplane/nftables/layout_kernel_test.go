@@ -24,7 +24,11 @@ import (
 // port's change (10 elements out, 10 in, one commit) costs, for three
 // layouts of the weight maps: one map per port (today's), one map for
 // all ports keyed "numgen . proto . port id", and 64 such maps (a port
-// in map id%64); STEELYARD_LAYOUT_SHARDS picks others. Only the maps, no chains or rules: the question is the
+// in map id%64); STEELYARD_LAYOUT_SHARDS picks others, and "oN" is N
+// maps keyed as today ("numgen . proto") with each port's ranges moved
+// by an offset (port id/N x 1,000,000, the rule's "numgen random mod
+// 1000000 offset K"), ranges over the 1,000,000 buckets as render writes
+// them. Only the maps, no chains or rules: the question is the
 // kernel's cost per element dump and per commit. Figures only:
 //
 //	go test -tags e2e -run '^$' -bench WeightMapLayouts -benchtime 1x ./dataplane/nftables/
@@ -68,18 +72,24 @@ func weightMapLayouts(t testing.TB, n string) {
 	}
 	// STEELYARD_LAYOUT_SHARDS: the layouts, as a list of map counts (0:
 	// one map per port); default 0,1,64.
-	layouts := []int{0, 1, 64}
+	type layout struct {
+		shards int
+		offset bool // the port id as numgen's offset, not a key field
+	}
+	layouts := []layout{{0, false}, {1, false}, {64, false}}
 	if v := os.Getenv("STEELYARD_LAYOUT_SHARDS"); v != "" {
 		layouts = nil
 		for _, f := range strings.Split(v, ",") {
 			var k int
-			if _, err := fmt.Sscan(f, &k); err != nil {
+			off := strings.HasPrefix(f, "o")
+			if _, err := fmt.Sscan(strings.TrimPrefix(f, "o"), &k); err != nil {
 				t.Fatal(err)
 			}
-			layouts = append(layouts, k)
+			layouts = append(layouts, layout{k, off})
 		}
 	}
-	for _, shards := range layouts {
+	for _, lay := range layouts {
+		shards, offset := lay.shards, lay.offset
 		maps := shards
 		if shards == 0 {
 			maps = count
@@ -90,7 +100,7 @@ func weightMapLayouts(t testing.TB, n string) {
 		for m := 0; m < maps; m++ {
 			names[m] = fmt.Sprintf("w%d", m)
 			typ := "numgen random mod 10 . meta l4proto . meta mark"
-			if shards == 0 {
+			if shards == 0 || offset {
 				typ = "numgen random mod 10 . meta l4proto"
 			}
 			fmt.Fprintf(&sb, "map %s { typeof %s : ip daddr . tcp dport; flags interval; elements = {", names[m], typ)
@@ -102,9 +112,13 @@ func weightMapLayouts(t testing.TB, n string) {
 					}
 					first = false
 					k := i*10 + j
-					if shards == 0 {
+					switch {
+					case offset:
+						lo, hi := offsetRange(i/maps, j)
+						fmt.Fprintf(&sb, "%d-%d . tcp : 198.19.%d.%d . 8080", lo, hi, (k%65000)>>8, k%256)
+					case shards == 0:
 						fmt.Fprintf(&sb, "%d-%d . tcp : 198.19.%d.%d . 8080", j, j, (k%65000)>>8, k%256)
-					} else {
+					default:
 						fmt.Fprintf(&sb, "%d-%d . tcp . %d : 198.19.%d.%d . 8080", j, j, i, (k%65000)>>8, k%256)
 					}
 				}
@@ -133,9 +147,12 @@ func weightMapLayouts(t testing.TB, n string) {
 		if total != count*10 {
 			t.Fatalf("read %d elements, want %d", total, count*10)
 		}
-		changes := layoutChanges(t, shards, count, names)
+		changes := layoutChanges(t, shards, offset, count, names)
 		layout := "one map per port"
-		if shards > 0 {
+		switch {
+		case offset:
+			layout = fmt.Sprintf("%d map(s) for all ports, port id as numgen offset", shards)
+		case shards > 0:
 			layout = fmt.Sprintf("%d map(s) for all ports", shards)
 		}
 		t.Logf("%d ports, %s: nft -f %.1f s; read %d elements in %d dumps: %.3f s wall, %.3f CPU-s; one port's change (10 out, 10 in, one commit) over 20 commits: median %.2f ms, max %.2f ms; load average %s",
@@ -150,9 +167,16 @@ const unixNFProtoIPv4 = 2
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
+// offsetRange is endpoint j's range of 10 over 1,000,000 buckets, moved
+// by the offset of the port with id slot in its map.
+func offsetRange(slot, j int) (uint32, uint32) {
+	base := uint32(slot) * 1000000
+	return base + uint32(j)*100000, base + uint32(j+1)*100000 - 1
+}
+
 // layoutChanges times 20 commits that each replace a port's 10 elements
 // (the middle port) through google/nftables, sorted.
-func layoutChanges(t testing.TB, shards, count int, names []string) []time.Duration {
+func layoutChanges(t testing.TB, shards int, offset bool, count int, names []string) []time.Duration {
 	c, err := gnft.New()
 	if err != nil {
 		t.Fatal(err)
@@ -172,13 +196,17 @@ func layoutChanges(t testing.TB, shards, count int, names []string) []time.Durat
 			key := func(v uint32) []byte {
 				k := binary.BigEndian.AppendUint32(nil, v)
 				k = append(k, 6, 0, 0, 0)
-				if shards > 0 {
+				if shards > 0 && !offset {
 					k = order.AppendUint32(k, uint32(port))
 				}
 				return k
 			}
 			val := []byte{198, 19, 250, byte(gen*10 + j), 0x1f, 0x90, 0, 0}
-			es = append(es, gnft.SetElement{Key: key(uint32(j)), KeyEnd: key(uint32(j)), Val: val})
+			lo, hi := uint32(j), uint32(j)
+			if offset {
+				lo, hi = offsetRange(port/len(names), j)
+			}
+			es = append(es, gnft.SetElement{Key: key(lo), KeyEnd: key(hi), Val: val})
 		}
 		return es
 	}
@@ -190,6 +218,10 @@ func layoutChanges(t testing.TB, shards, count int, names []string) []time.Durat
 	for _, e := range old {
 		switch {
 		case shards == 0:
+		case offset:
+			if binary.BigEndian.Uint32(e.Key)/1000000 != uint32(port/len(names)) {
+				continue
+			}
 		case len(e.Key) != 12:
 			t.Fatalf("key of %d bytes", len(e.Key))
 		case binary.NativeEndian.Uint32(e.Key[8:]) == uint32(port):

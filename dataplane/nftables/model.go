@@ -250,52 +250,63 @@ func (s dnatTo) encode(f fam, out []expr.Any) ([]expr.Any, error) {
 		&expr.NAT{Type: expr.NATTypeDestNAT, Family: f.nfproto(), RegAddrMin: 1, RegAddrMax: 1, RegProtoMin: 2, RegProtoMax: 2, Specified: true}), nil
 }
 
-// numgenKey encodes the key "numgen random mod N . meta l4proto" of the
-// weight maps. nft turns both fields to network order for the interval
-// map (its keys are stored big endian), the second in the next 32-bit
-// register (NFT_REG32_01 = 9); without the byteorder steps the lookup
-// misses (listings do not show them: "nft --debug=netlink" does, and
-// TestNetlinkMatchesNft compares that).
-func numgenKey(mod uint32, out []expr.Any) []expr.Any {
+// numgenKey encodes the key "numgen random mod N offset K . meta l4proto"
+// of the weight maps. nft turns both fields to network order for the
+// interval map (its keys are stored big endian), the second in the next
+// 32-bit register (NFT_REG32_01 = 9); without the byteorder steps the
+// lookup misses (listings do not show them: "nft --debug=netlink" does,
+// and TestNetlinkMatchesNft compares that). The offset moves a port's
+// draws into its own range of a weight map that several ports share.
+func numgenKey(mod, off uint32, out []expr.Any) []expr.Any {
 	return append(out,
-		&expr.Numgen{Register: 1, Modulus: mod, Type: unix.NFT_NG_RANDOM},
+		&expr.Numgen{Register: 1, Modulus: mod, Type: unix.NFT_NG_RANDOM, Offset: off},
 		&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Size: 4, Len: 4},
 		metaL4proto(9),
 		&expr.Byteorder{SourceRegister: 9, DestRegister: 9, Op: expr.ByteorderHton, Size: 2, Len: 1})
 }
 
-// numgenVmap: "numgen random mod N . meta l4proto vmap @wc-..." (ClientIP
-// affinity: the map sends to endpoint chains).
+// numgenText is "numgen random mod N", with " offset K" when K is not 0
+// (nft omits it then).
+func numgenText(mod, off uint32) string {
+	t := "numgen random mod " + strconv.FormatUint(uint64(mod), 10)
+	if off != 0 {
+		t += " offset " + strconv.FormatUint(uint64(off), 10)
+	}
+	return t
+}
+
+// numgenVmap: "numgen random mod N offset K . meta l4proto vmap @wm-..."
+// (ClientIP affinity: the map sends to endpoint chains).
 type numgenVmap struct {
-	mod uint32
-	m   string
+	mod, off uint32
+	m        string
 }
 
 func (s numgenVmap) text(fam) string {
-	return "numgen random mod " + strconv.FormatUint(uint64(s.mod), 10) + " . meta l4proto vmap @" + s.m
+	return numgenText(s.mod, s.off) + " . meta l4proto vmap @" + s.m
 }
 
 func (s numgenVmap) encode(_ fam, out []expr.Any) ([]expr.Any, error) {
-	out = numgenKey(s.mod, out)
+	out = numgenKey(s.mod, s.off, out)
 	return append(out, &expr.Lookup{SourceRegister: 1, SetName: s.m, IsDestRegSet: true, DestRegister: 0}), nil
 }
 
-// numgenDNAT: "dnat ip to numgen random mod N . meta l4proto map @dc-..."
-// (after an l4proto match). The map's value (address . port) lands in
-// register 1 and after it: the port in NFT_REG32_01 (9) after an IPv4
-// address, in the second 128-bit register (2) after an IPv6 one, as nft
-// --debug=netlink shows.
+// numgenDNAT: "dnat ip to numgen random mod N offset K . meta l4proto map
+// @dm-..." (after an l4proto match). The map's value (address . port)
+// lands in register 1 and after it: the port in NFT_REG32_01 (9) after an
+// IPv4 address, in the second 128-bit register (2) after an IPv6 one, as
+// nft --debug=netlink shows.
 type numgenDNAT struct {
-	mod uint32
-	m   string
+	mod, off uint32
+	m        string
 }
 
 func (s numgenDNAT) text(f fam) string {
-	return "dnat " + f.ip + " to numgen random mod " + strconv.FormatUint(uint64(s.mod), 10) + " . meta l4proto map @" + s.m
+	return "dnat " + f.ip + " to " + numgenText(s.mod, s.off) + " . meta l4proto map @" + s.m
 }
 
 func (s numgenDNAT) encode(f fam, out []expr.Any) ([]expr.Any, error) {
-	out = numgenKey(s.mod, out)
+	out = numgenKey(s.mod, s.off, out)
 	nat := &expr.NAT{Type: expr.NATTypeDestNAT, Family: f.nfproto(), RegAddrMin: 1, RegAddrMax: 1, RegProtoMin: 9, RegProtoMax: 9, Specified: true}
 	if f.v6 {
 		nat.RegProtoMin, nat.RegProtoMax = 2, 2

@@ -300,10 +300,10 @@ func (d *ruleReader) protoStmt() (stmt, int) {
 // (numgenVmap) or a data map lookup and DNAT (numgenDNAT).
 func (d *ruleReader) numgenStmt() (stmt, int) {
 	ng, ok := at[*expr.Numgen](d, 0)
-	if !ok || ng.Register != 1 || ng.Type != unix.NFT_NG_RANDOM || ng.Offset != 0 {
+	if !ok || ng.Register != 1 || ng.Type != unix.NFT_NG_RANDOM {
 		return nil, 0
 	}
-	want := numgenKey(ng.Modulus, nil)
+	want := numgenKey(ng.Modulus, ng.Offset, nil)
 	for k := 1; k < len(want); k++ {
 		if k >= len(d.es)-d.i || !sameExpr(d.es[d.i+k].e, want[k]) {
 			return nil, 0
@@ -315,9 +315,9 @@ func (d *ruleReader) numgenStmt() (stmt, int) {
 		return nil, 0
 	}
 	if l.DestRegister == 0 {
-		return numgenVmap{ng.Modulus, l.SetName}, n + 1
+		return numgenVmap{ng.Modulus, ng.Offset, l.SetName}, n + 1
 	}
-	s := numgenDNAT{ng.Modulus, l.SetName}
+	s := numgenDNAT{ng.Modulus, ng.Offset, l.SetName}
 	es, _ := s.encode(d.f, nil)
 	if nat, ok := at[*expr.NAT](d, n+1); ok && l.DestRegister == 1 && sameExpr(nat, es[len(es)-1]) {
 		return s, n + 2

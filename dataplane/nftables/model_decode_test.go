@@ -105,3 +105,31 @@ func TestRangePrefixes(t *testing.T) {
 		t.Error("prefixLen ff 0f: a mask")
 	}
 }
+
+// TestNumgenOffset: a split drawing from its range of a shared weight map
+// spells itself as nft 1.0.6 lists it (seen in a namespace) and decodes
+// from its own expressions with its offset; without an offset the text
+// has none, as nft prints it.
+func TestNumgenOffset(t *testing.T) {
+	f := famOf(4)
+	for _, c := range []struct {
+		s    stmt
+		text string
+	}{
+		{numgenDNAT{1000000, 1000000, "d5"}, "dnat ip to numgen random mod 1000000 offset 1000000 . meta l4proto map @d5"},
+		{numgenDNAT{1000000, 0, "d5"}, "dnat ip to numgen random mod 1000000 . meta l4proto map @d5"},
+		{numgenVmap{1000000, 4293000000, "w5"}, "numgen random mod 1000000 offset 4293000000 . meta l4proto vmap @w5"},
+	} {
+		want := r(l4proto(unix.IPPROTO_TCP), c.s)
+		if got := want.text(f); got != "meta l4proto tcp "+c.text {
+			t.Errorf("text %q, want %q", got, "meta l4proto tcp "+c.text)
+		}
+		es, err := want.encode(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := decodeRule(f, listed(t, f, es...), nil); !rulesEqual([]rule{got}, []rule{want}) {
+			t.Errorf("%s: decodes as %s", c.text, got.text(f))
+		}
+	}
+}

@@ -165,7 +165,7 @@ func TestScriptGroupsElements(t *testing.T) {
 	t0.AddElem(sharedElem{elem{mapServiceIPs, vip("198.18.0.11"), goTo("svc-y"), ""}, knftables.PtrTo("default/b:http")})
 	t0.AddElem(mapElem{"wc-b", tcp, &wmElem{lo: 100, hi: 199, to: goTo("ep-a")}})
 	t0.DeleteElem(mapElem{"wc-b", tcp, &wmElem{lo: 0, hi: 99, to: goTo("ep-a")}})
-	t0.AddRule("svc-x", nil, r(l4proto(tcp), numgenDNAT{100, "dc-a"}))
+	t0.AddRule("svc-x", nil, r(l4proto(tcp), numgenDNAT{100, 0, "dc-a"}))
 	want := "add element ip steelyard dc-a { 0-9 . tcp : 198.19.1.2 . 8080, 10-99 . tcp : 198.19.1.3 . 8080 }\n" +
 		"add element ip steelyard hairpin { 198.19.1.2 . tcp . 8080 . 198.19.1.2 }\n" +
 		"flush map ip steelyard dc-b\n" +

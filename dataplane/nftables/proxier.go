@@ -10,18 +10,19 @@
 // loadBalancerSourceRanges do not allow). Each Service port has a split
 // chain (svc-, and svl- for its local endpoints) and ext- and fw- chains
 // for its external entry points. The split is one rule that DNATs through
-// a named weight map:
+// a weight map shared by about ten ports (weightmaps.go), drawing in the
+// port's own range of it:
 //
-//	meta l4proto tcp dnat ip to numgen random mod N . meta l4proto map @dc-HASH
-//	map dc-HASH { 0-9 . tcp : 198.19.1.2 . 8080, 10-99 . tcp : 198.19.1.3 . 8080 }
+//	meta l4proto tcp dnat ip to numgen random mod N offset K . meta l4proto map @dm-0042
+//	map dm-0042 { K+0-K+9 . tcp : 198.19.1.2 . 8080, K+10-K+99 . tcp : 198.19.1.3 . 8080, (other ports') }
 //
-// so an endpoint or weight change rewrites one map's elements (and the
+// so an endpoint or weight change rewrites the port's elements (and the
 // shared hairpin set's, hairpin.go), never a chain or other Services.
 // Ports with ClientIP affinity keep one ep- chain per endpoint (hairpin
-// mark, affinity set update, DNAT) behind a verdict map:
+// mark, affinity set update, DNAT) behind a shared verdict map:
 //
-//	numgen random mod N . meta l4proto vmap @wc-HASH
-//	map wc-HASH { 0-9 . tcp : goto ep-a, 10-99 . tcp : goto ep-b }
+//	numgen random mod N offset K . meta l4proto vmap @wm-0042
+//	map wm-0042 { K+0-K+9 . tcp : goto ep-a, K+10-K+99 . tcp : goto ep-b }
 //
 // Why this structure, measured with nft 1.0.6 on this machine (2 cores, load
 // average 4-6 from other jobs, 10,000 Services x 10 endpoints loaded with
@@ -187,6 +188,10 @@ type Proxier struct {
 	nodeIPs []string
 	// stale are unused objects to flush and delete once StaleDelay has passed.
 	stale map[staleKey]time.Time
+	// slots places each split in a shared weight map; shardMaps are the
+	// shared weight maps the kernel has (weightmaps.go).
+	slots     *slotTable
+	shardMaps map[string]bool
 	// readLive reads the live table for Explain: the kernel's (NewKernel),
 	// or in unit tests the knftables Fake's.
 	readLive func() (*liveTable, error)
@@ -226,6 +231,7 @@ func NewProxier(nft knftables.Interface, cfg Config) *Proxier {
 		rec:     newRecord(),
 		hairpin: map[hairpinKey]int{},
 		stale:   map[staleKey]time.Time{},
+		slots:   newSlotTable(),
 		now:     time.Now,
 		gen:     newGeneration(),
 	}
@@ -317,6 +323,7 @@ func (p *Proxier) Cleanup() error {
 	p.rec = newRecord()
 	p.hairpin = map[hairpinKey]int{}
 	p.stale = map[staleKey]time.Time{}
+	p.slots, p.shardMaps = newSlotTable(), nil
 	p.nodeIPs = nil
 	p.eng.Reset()
 	p.gen.drop()

@@ -16,10 +16,10 @@ const (
 	extPrefix = "ext-" // external entry points: masquerade, then svc or svl
 	fwPrefix  = "fw-"  // loadBalancerSourceRanges check before ext
 	epPrefix  = "ep-"  // one endpoint of a ClientIP affinity port: hairpin mark, affinity, DNAT
-	// Weight maps: "dc-"/"dl-" + the hash of the svc/svl chain, DNAT maps
-	// (numgen range -> endpoint address . port); "wc-"/"wl-" for ports with
-	// ClientIP affinity, verdict maps to their endpoint chains. Sets of
-	// affinity: "af-" + the hash of the endpoint chain.
+	// Weight maps: shared ones "dm-NNNN"/"wm-NNNN" (weightmaps.go); the
+	// names of the per-port maps of earlier versions, "dc-"/"dl-" (DNAT)
+	// and "wc-"/"wl-" (verdict), which a full sync deletes as unused. Sets
+	// of affinity: "af-" + the hash of the endpoint chain.
 	wPrefix    = "w"
 	dnatPrefix = "d"
 	// countPrefix: "nc-"/"nl-", the DNAT maps of CountConnections, with
@@ -255,18 +255,20 @@ func (p *Proxier) renderPort(sp *dataplane.ServicePort) *portObjects {
 		}
 		mod, ranges := Ranges(weights)
 		wm := &weightMap{dnat: !affinity, proto: pnum}
-		mname := weightMapName(chain)
-		if !affinity {
-			mname = dnatMapName(chain)
-			if p.cfg.CountConnections {
-				mname = countedMapName(chain)
-			}
+		// A shared weight map, the port's draws at its offset there
+		// (weightmaps.go); a counted map is the port's own.
+		mname := shardName(chain, !affinity)
+		var off uint32
+		if !affinity && p.cfg.CountConnections {
+			mname = countedMapName(chain)
+		} else {
+			off = p.slots.place(chain, mname)
 		}
 		for i, rg := range ranges {
 			if rg[1] < rg[0] {
 				continue // too small a weight for one bucket
 			}
-			e := wmElem{lo: uint32(rg[0]), hi: uint32(rg[1])}
+			e := wmElem{lo: off + uint32(rg[0]), hi: off + uint32(rg[1])}
 			switch {
 			case i == len(bs) && !affinity:
 				// The reject share is the range without an element: the
@@ -287,12 +289,12 @@ func (p *Proxier) renderPort(sp *dataplane.ServicePort) *portObjects {
 		// reading every interval map of the table before each element
 		// change (see the package comment).
 		if affinity {
-			rules = append(rules, r(numgenVmap{uint32(mod), mname}))
+			rules = append(rules, r(numgenVmap{uint32(mod), off, mname}))
 		} else {
 			// One rule DNATs through the map: no chain per endpoint (at
 			// 10,000 Services x 10 endpoints 10,005 chains instead of
 			// 110,012; see docs/dataplanes.md).
-			rules = append(rules, r(l4proto(pnum), numgenDNAT{uint32(mod), mname}))
+			rules = append(rules, r(l4proto(pnum), numgenDNAT{uint32(mod), off, mname}))
 		}
 		o.addChain(chain, rules...)
 	}
@@ -328,14 +330,6 @@ func weightMapName(chain string) string {
 	}
 	h, _, _ := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(chain, svcPrefix), svlPrefix), "-")
 	return wPrefix + kind + "-" + h
-}
-
-// dnatMapName is the DNAT map of a split chain without affinity: "dc-HASH"
-// for svc-, "dl-HASH" for svl-. Other names than the verdict maps' so that
-// a table of an older steelyard (verdict maps wc- for every port) is
-// upgraded in place: a map cannot change its type under the same name.
-func dnatMapName(chain string) string {
-	return dnatPrefix + strings.TrimPrefix(weightMapName(chain), wPrefix)
 }
 
 // countedMapName is the counted DNAT map of a split chain: "nc-HASH" for

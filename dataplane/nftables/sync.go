@@ -117,6 +117,12 @@ func (o *syncOps) Begin(full bool, applied map[dataplane.ServicePortName]*datapl
 			return plan, err
 		}
 		p.gen.listed(p.cfg.Family, gen, gerr)
+		p.shardMaps = map[string]bool{}
+		for m := range o.live.maps {
+			if sharedMap(m) {
+				p.shardMaps[m] = true
+			}
+		}
 		if !o.batched {
 			o.rendered = make(map[dataplane.ServicePortName]*portObjects, len(applied))
 		}
@@ -220,6 +226,7 @@ func (o *syncOps) Commit(last bool) error {
 	}
 	// What is in the kernel now is what the record says.
 	p.rec.keep()
+	o.w.sharedCommitted()
 	o.tx = &ops{}
 	return nil
 }
@@ -230,6 +237,7 @@ func (o *syncOps) Done(bool) {
 	p := o.p
 	p.nodeIPs = o.nodeIPs
 	o.w.hairpinCommit()
+	o.w.sharedDone()
 	for k, t := range o.w.stale {
 		p.stale[k] = t
 	}
@@ -285,6 +293,11 @@ type writer struct {
 	hpDelta map[hairpinKey]int
 	hpSeen  map[hairpinKey]bool
 	hpRefs  map[hairpinKey]int
+	// The shared weight maps (weightmaps.go): created and flushed by this
+	// sync, the ports it wrote, the places to free when it is done.
+	created, flushed map[string]bool
+	written          map[dataplane.ServicePortName]bool
+	freed            []placeKey
 }
 
 func (w *writer) markStale(kind, name string) {
@@ -313,6 +326,10 @@ func (w *writer) revive(kind, name string) {
 // port writes the difference between old and o (either may be nil) for
 // Service port n. In a full sync every object of o is rewritten.
 func (w *writer) port(tx txn, n dataplane.ServicePortName, old, o *portObjects) {
+	prev := old
+	if prev == nil {
+		prev = &portObjects{}
+	}
 	if old == nil || w.full {
 		old = &portObjects{chains: map[string][]rule{}, maps: map[string]*weightMap{}, sets: map[string]int{}, elems: oldElems(old)}
 	}
@@ -338,6 +355,10 @@ func (w *writer) port(tx txn, n dataplane.ServicePortName, old, o *portObjects) 
 		}
 	}
 	for _, m := range sortedKeys(o.maps) {
+		if sharedMap(m) {
+			w.ensureShared(tx, m, o.maps[m])
+			continue
+		}
 		if _, ok := old.maps[m]; !ok {
 			typeOf := "numgen random mod 1 . meta l4proto : " + o.maps[m].data(w.p.f)
 			var mc *string
@@ -390,8 +411,13 @@ func (w *writer) port(tx txn, n dataplane.ServicePortName, old, o *portObjects) 
 			tx.AddRule(c, comment, r)
 		}
 	}
-	// 4. Weight maps whose elements changed.
+	// 4. Weight maps whose elements changed: a shared map's elements of
+	// this port, a counted map (one per port) flushed and written again.
+	w.sharedElems(tx, n, prev, o)
 	for _, m := range sortedKeys(o.maps) {
+		if sharedMap(m) {
+			continue
+		}
 		if om, ok := old.maps[m]; ok && slices.Equal(om.elems, o.maps[m].elems) {
 			continue
 		} else if w.exists("map", m, ok) {
@@ -434,7 +460,7 @@ func (w *writer) port(tx txn, n dataplane.ServicePortName, old, o *portObjects) 
 		}
 	}
 	for m := range old.maps {
-		if _, ok := o.maps[m]; !ok {
+		if _, ok := o.maps[m]; !ok && !sharedMap(m) {
 			w.markStale("map", m)
 		}
 	}
@@ -474,6 +500,7 @@ func oldElems(old *portObjects) []elem {
 // per Service objects of the table that no Service port uses are deleted
 // after StaleDelay: leftovers of a previous run or of hands.
 func (w *writer) repair(tx txn, applied map[dataplane.ServicePortName]*portObjects) {
+	w.repairShared(tx, applied)
 	used := map[string]bool{}
 	for _, n := range sortedPorts(applied) {
 		o := applied[n]
@@ -511,7 +538,7 @@ func (w *writer) repair(tx txn, applied map[dataplane.ServicePortName]*portObjec
 	}
 	w.hairpinRepair(tx, applied)
 	perPort := func(name string) bool {
-		for _, pfx := range []string{svcPrefix, svlPrefix, extPrefix, fwPrefix, epPrefix, affPrefix, wPrefix + "c-", wPrefix + "l-", dnatPrefix + "c-", dnatPrefix + "l-", countPrefix + "c-", countPrefix + "l-"} {
+		for _, pfx := range []string{svcPrefix, svlPrefix, extPrefix, fwPrefix, epPrefix, affPrefix, wPrefix + "c-", wPrefix + "l-", dnatPrefix + "c-", dnatPrefix + "l-", countPrefix + "c-", countPrefix + "l-", sharedDNATPrefix, sharedVerdictPrefix} {
 			if strings.HasPrefix(name, pfx) {
 				return true
 			}

@@ -333,11 +333,11 @@ func (tr *tracer) rule(text string, p pkt, f flow) []branch {
 				return miss
 			}
 		case take("numgen random mod"):
-			mod, m, verb := tr.numgen(&s, word, text)
-			return tr.split(mod, m, p, f, verb, text)
+			mod, off, m, verb := tr.numgen(&s, word, text)
+			return tr.split(mod, off, m, p, f, verb, text)
 		case take("dnat " + ip + " to numgen random mod"):
-			mod, m, verb := tr.numgen(&s, word, text)
-			return tr.split(mod, m, p, f, verb, text)
+			mod, off, m, verb := tr.numgen(&s, word, text)
+			return tr.split(mod, off, m, p, f, verb, text)
 		case take("dnat to"):
 			ap := netip.MustParseAddrPort(word())
 			f.dst, f.dnat = ap, true
@@ -379,10 +379,16 @@ func (tr *tracer) rule(text string, p pkt, f flow) []branch {
 	return []branch{{f, ""}}
 }
 
-// numgen reads "N . meta l4proto vmap @m" or "N . meta l4proto map @m".
-func (tr *tracer) numgen(s *string, word func() string, text string) (uint64, string, string) {
+// numgen reads "N [offset K] . meta l4proto vmap @m" or "... map @m".
+func (tr *tracer) numgen(s *string, word func() string, text string) (uint64, uint64, string, string) {
 	mod, err := strconv.ParseUint(word(), 10, 64)
-	if err != nil || word() != "." || word() != "meta" || word() != "l4proto" {
+	var off uint64
+	next := word()
+	if err == nil && next == "offset" {
+		off, err = strconv.ParseUint(word(), 10, 32)
+		next = word()
+	}
+	if err != nil || next != "." || word() != "meta" || word() != "l4proto" {
 		tr.t.Fatalf("tracer: cannot read the numgen of %q", text)
 	}
 	verb := word()
@@ -390,13 +396,14 @@ func (tr *tracer) numgen(s *string, word func() string, text string) (uint64, st
 	if *s != "" {
 		tr.t.Fatalf("tracer: %q after the numgen lookup of %q", *s, text)
 	}
-	return mod, m, verb
+	return mod, off, m, verb
 }
 
-// split follows every range of weight map m: a DNAT map's value is the
-// endpoint, a verdict map's the verdict; the draws no element covers
-// (the reject share) miss and go on with the next rule.
-func (tr *tracer) split(mod uint64, m string, p pkt, f flow, verb, text string) []branch {
+// split follows every range of weight map m within the draws off to
+// off+mod-1 (the map's other ranges are other ports'): a DNAT map's value
+// is the endpoint, a verdict map's the verdict; the draws no element
+// covers (the reject share) miss and go on with the next rule.
+func (tr *tracer) split(mod, off uint64, m string, p pkt, f flow, verb, text string) []branch {
 	wm := tr.tab.Maps[m]
 	if wm == nil {
 		tr.t.Errorf("tracer: no map %s (rule %q)", m, text)
@@ -415,8 +422,15 @@ func (tr *tracer) split(mod uint64, m string, p pkt, f flow, verb, text string) 
 		}
 		l, err1 := strconv.ParseUint(lo, 10, 64)
 		h, err2 := strconv.ParseUint(hi, 10, 64)
-		if err1 != nil || err2 != nil || h < l || h >= mod {
-			tr.t.Errorf("tracer: map %s: range %q of mod %d", m, k[0], mod)
+		if err1 != nil || err2 != nil || h < l {
+			tr.t.Errorf("tracer: map %s: range %q", m, k[0])
+			continue
+		}
+		if h < off || l >= off+mod {
+			continue // another port's range
+		}
+		if l < off || h >= off+mod {
+			tr.t.Errorf("tracer: map %s: range %q crosses the draws %d-%d", m, k[0], off, off+mod-1)
 			continue
 		}
 		n := h - l + 1
