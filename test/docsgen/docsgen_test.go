@@ -284,3 +284,28 @@ func TestRenderGateway(t *testing.T) {
 		}
 	}
 }
+
+// The bench-node table carries every run's phase, and a frozen run's
+// meaning and kept backends in the sentence above it.
+func TestRenderBenchNodeFrozen(t *testing.T) {
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, "docs"), 0o755)
+	os.WriteFile(filepath.Join(root, benchNode), []byte(`{"date":"2026-12-07T07:00:00Z","commit":"abc1234","cpus":2,"rate":2000,"seconds":120,"no_liveness_probe":true,"runs":[
+{"upstreams":"vip","phase":"churn","requests":240000,"p999_ms":66,"loadavg":"1.0 1.0 1.0"},
+{"upstreams":"vip","phase":"frozen","frozen_kept":5,"requests":240000,"p999_ms":40,"loadavg":"1.0 1.0 1.0"}]}`), 0o644)
+	lines, err := renderBenchNode(root, "docs", filepath.Join(root, "docs", "benchmarks.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(lines, "\n")
+	for _, want := range []string{
+		"vip frozen: the churn with steelyard's agent stopped (SIGSTOP) once its rules held the 5 backends, nginx serving; 5 of the 5 still ran at the end.",
+		"without the DaemonSet's liveness probe",
+		"| vip | churn | 240,000 |",
+		"| vip | frozen | 240,000 |",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("bench-node table lacks %q:\n%s", want, got)
+		}
+	}
+}
