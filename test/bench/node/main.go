@@ -5,8 +5,10 @@
 // run them). Four runs of -duration each: steady (5 replicas) and churn
 // (kubectl-style scale 5 <-> 7 every 10-12 s), once with VIP upstreams
 // (steelyard's design) and once with --ingress-upstreams=pods (a reload per
-// endpoint change). It writes one JSON report (-o, read by node-plot),
-// prints a table and asserts nothing.
+// endpoint change). -phases adds two controls: bystander (a Deployment
+// behind no Service scales instead) and frozen (the churn with the agent
+// stopped once its rules hold the backends: frozen.go). It writes one JSON
+// report (-o, read by node-plot), prints a table and asserts nothing.
 //
 // The rate: unless -rate is given, short steady runs at each -probe rate
 // pick the highest one the machine sustains (no error, p99 under
@@ -61,7 +63,7 @@ func main() {
 		duration  = flag.Duration("duration", 2*time.Minute, "length of each run")
 		timeout   = flag.Duration("timeout", 2*time.Second, "a request unanswered after this is an error")
 		modes     = flag.String("modes", "vip,pods", "upstream modes to run")
-		phases    = flag.String("phases", "steady,churn", "runs per mode: steady, churn (the backends scale 5 <-> 7), bystander (a Deployment not behind the Service scales so: the control)")
+		phases    = flag.String("phases", "steady,churn", "runs per mode: steady, churn (the backends scale 5 <-> 7), bystander (a Deployment not behind the Service scales so: the control), frozen (churn with the agent stopped after its sync: the node's share)")
 		out       = flag.String("o", "docs/bench-node.json", "JSON report")
 	)
 	flag.Parse()
@@ -74,17 +76,17 @@ func main() {
 	go func() {
 		s := <-sigs
 		log.Printf("%v: tearing the node down", s)
+		thawOnExit()
 		cluster.StopAll()
 		sandbox.CloseAll()
 		os.Exit(130)
 	}()
-	for _, p := range strings.Split(*phases, ",") {
-		if p != "steady" && p != "churn" && p != "bystander" {
-			fmt.Fprintf(os.Stderr, "node-bench: unknown phase %q (steady, churn, bystander)\n", p)
-			os.Exit(2)
-		}
+	phaseList, err := parsePhases(*phases)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "node-bench:", err)
+		os.Exit(2)
 	}
-	rep, err := run(*manifests, *rate, *probe, *probeP99, *duration, *timeout, strings.Split(*modes, ","), strings.Split(*phases, ","))
+	rep, err := run(*manifests, *rate, *probe, *probeP99, *duration, *timeout, strings.Split(*modes, ","), phaseList)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "node-bench:", err)
 		os.Exit(1)
@@ -121,6 +123,12 @@ func run(manifests string, rate int, probe string, probeP99, duration, timeout t
 	// The documented opt-in (manifests/ingress/, its patch/ingress-on.json).
 	if err := c.Install(ctx, []string{manifests, manifests + "/ingress"}, nil, "--ingress-upstreams="+modes[0]); err != nil {
 		return nil, fmt.Errorf("install: %w\n%s", err, c.Logs(30))
+	}
+	if slices.Contains(phases, "frozen") {
+		if err := dropLivenessProbe(ctx, c); err != nil {
+			return nil, err
+		}
+		rep.NoLivenessProbe = true
 	}
 	client, err := c.Sandbox.AddClient(netip.Addr{})
 	if err != nil {
@@ -357,8 +365,25 @@ func (b *bench) run(ctx context.Context, mode, phase string, rate int, duration 
 			return r, err
 		}
 	}
-	m0, err := b.metricsNow()
-	if err != nil {
+	// The frozen phase reads the agent's metrics just before it stops it,
+	// and counts no sync or reload after: none can happen.
+	var fr *freezer
+	var m0 agentMetrics
+	var err error
+	if phase == "frozen" {
+		fr, err = b.freeze(ctx)
+		defer func() {
+			if fr != nil {
+				if err := fr.thaw(ctx); err != nil {
+					log.Print(err)
+				}
+			}
+		}()
+		if err != nil {
+			return r, err
+		}
+		m0 = fr.m0
+	} else if m0, err = b.metricsNow(); err != nil {
 		return r, err
 	}
 	cpu0 := b.cpuNow(ctx)
@@ -390,10 +415,13 @@ func (b *bench) run(ctx context.Context, mode, phase string, rate int, duration 
 		}
 	}()
 	// nginx reloads and kernel syncs: the agent's last-reload and
-	// last-sync timestamps, polled.
+	// last-sync timestamps, polled (not while it is stopped).
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		if fr != nil {
+			return
+		}
 		lastReload, lastSync := m0.lastReload, m0.lastSync
 		t := time.NewTicker(200 * time.Millisecond)
 		defer t.Stop()
@@ -449,7 +477,7 @@ func (b *bench) run(ctx context.Context, mode, phase string, rate int, duration 
 	}()
 	// Churn: 5 <-> 7 every 10, 11, 12 s.
 	churnErr := make(chan error, 1)
-	if phase != "steady" {
+	if churns(phase) {
 		go func() {
 			replicas := 5
 			for i := 0; ; i++ {
@@ -487,11 +515,30 @@ func (b *bench) run(ctx context.Context, mode, phase string, rate int, duration 
 	if err := <-churnErr; err != nil {
 		return r, err
 	}
-	m1, err := b.metricsNow()
-	if err != nil {
-		return r, err
+	m1 := m0
+	if fr != nil {
+		// Still the same stopped agent, or the run measured something
+		// else; CPU is read before the thaw, nginx's log after it (the
+		// agent copies nginx's error log to its own).
+		if err := fr.check(ctx); err != nil {
+			return r, err
+		}
+		if r.FrozenKept, err = fr.alive(ctx); err != nil {
+			return r, err
+		}
+		r.CPUSeconds = cpuDelta(cpu0, b.cpuNow(ctx))
+		err = fr.thaw(ctx)
+		fr = nil
+		if err != nil {
+			return r, err
+		}
+		time.Sleep(2 * time.Second)
+	} else {
+		if m1, err = b.metricsNow(); err != nil {
+			return r, err
+		}
+		r.CPUSeconds = cpuDelta(cpu0, b.cpuNow(ctx))
 	}
-	r.CPUSeconds = cpuDelta(cpu0, b.cpuNow(ctx))
 	r.NginxErrors = b.nginxErrors(ctx, start)
 	s := l.summary()
 	r.Requests, r.Errors, r.ErrClasses = len(l.lat), l.errors(), l.classes()
@@ -524,7 +571,7 @@ func (b *bench) run(ctx context.Context, mode, phase string, rate int, duration 
 			r.SlowBusy++
 		}
 	}
-	if phase == "churn" {
+	if phase == "churn" || phase == "frozen" {
 		_, err := b.c.Client().AppsV1().Deployments("default").UpdateScale(ctx, "bench",
 			&autoscalingv1.Scale{ObjectMeta: metav1.ObjectMeta{Name: "bench", Namespace: "default"}, Spec: autoscalingv1.ScaleSpec{Replicas: 5}}, metav1.UpdateOptions{})
 		if err != nil {
