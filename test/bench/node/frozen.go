@@ -12,9 +12,9 @@ package main
 // product. Instead the harness stops the agent's process with SIGSTOP
 // (from the host, by the container's PID as containerd reports it) and
 // continues it with SIGCONT after the run: nothing of steelyard runs, so
-// no rule can change (a sync the stop interrupts commits all or nothing: one
-// restore or netlink batch), while nginx (its own processes) keeps serving and
-// the kernel keeps the last rules the agent wrote. What this needs:
+// no rule can change (a sync the stop interrupts commits all or nothing:
+// one restore or netlink batch), while nginx (its own processes) keeps
+// serving and the kernel keeps the last rules the agent wrote. It needs:
 //   - no liveness probe while the agent is stopped (kubelet would restart
 //     the container, and nginx with it): with the frozen phase requested,
 //     node-bench removes the probe once before any run, so every phase of
@@ -130,6 +130,11 @@ func (b *bench) freeze(ctx context.Context) (*freezer, error) {
 		}
 		f.kept = append(f.kept, p.Name)
 	}
+	// The rules to freeze are those of these pods: the EndpointSlices
+	// list exactly them as ready, and the agent has synced since.
+	if err := b.slicesHold(ctx, f.kept); err != nil {
+		return f, err
+	}
 	if err := b.quiet(ctx); err != nil {
 		return f, err
 	}
@@ -163,6 +168,34 @@ func (b *bench) freeze(ctx context.Context) (*freezer, error) {
 	return f, nil
 }
 
+// slicesHold waits until the bench Service's EndpointSlices list exactly
+// the pods named as ready endpoints.
+func (b *bench) slicesHold(ctx context.Context, pods []string) error {
+	deadline := time.Now().Add(30 * time.Second)
+	var ready []string
+	for {
+		list, err := b.c.Client().DiscoveryV1().EndpointSlices("default").List(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=bench"})
+		if err == nil {
+			ready = ready[:0]
+			for _, sl := range list.Items {
+				for _, ep := range sl.Endpoints {
+					if ep.TargetRef != nil && ep.Conditions.Ready != nil && *ep.Conditions.Ready {
+						ready = append(ready, ep.TargetRef.Name)
+					}
+				}
+			}
+			slices.Sort(ready)
+			if slices.Equal(ready, slices.Sorted(slices.Values(pods))) {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the bench EndpointSlices list %v as ready, not %v, after 30 s (%v)", ready, pods, err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
 // quiet waits until the agent's last-sync time has not moved for a second.
 func (b *bench) quiet(ctx context.Context) error {
 	deadline := time.Now().Add(30 * time.Second)
@@ -178,16 +211,20 @@ func (b *bench) quiet(ctx context.Context) error {
 	return fmt.Errorf("the agent did not stop syncing for a second in 30 s (last error: %v)", err)
 }
 
-// check fails unless the agent is still the same stopped process.
+// check fails unless the agent is still the same stopped process (a
+// second after a SIGSTOP at most: the signal is delivered asynchronously).
 func (f *freezer) check(ctx context.Context) error {
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(f.pid) + "/stat")
-	if err != nil {
-		return fmt.Errorf("agent PID %d: %w", f.pid, err)
-	}
-	// pid (comm) state ...
-	s := string(stat)
-	if i := strings.LastIndexByte(s, ')'); i < 0 || len(s) < i+3 || s[i+2] != 'T' {
-		return fmt.Errorf("agent PID %d is not stopped: %.60s", f.pid, s)
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(50 * time.Millisecond) {
+		stat, err := os.ReadFile("/proc/" + strconv.Itoa(f.pid) + "/stat")
+		if err != nil {
+			return fmt.Errorf("agent PID %d: %w", f.pid, err)
+		}
+		if stopped(string(stat)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("agent PID %d is not stopped: %.60s", f.pid, stat)
+		}
 	}
 	agent, err := f.b.agentPod(ctx)
 	if err != nil {
@@ -197,6 +234,13 @@ func (f *freezer) check(ctx context.Context) error {
 		return fmt.Errorf("the steelyard container restarted while frozen (%d -> %d)", f.restarts, n)
 	}
 	return nil
+}
+
+// stopped is whether a /proc/PID/stat line ("pid (comm) state ...", comm
+// may hold spaces and parentheses) says the process is stopped by a signal.
+func stopped(stat string) bool {
+	i := strings.LastIndexByte(stat, ')')
+	return i >= 0 && len(stat) >= i+3 && stat[i+2] == 'T'
 }
 
 // thaw continues the agent and removes the backends' deletion cost.

@@ -35,3 +35,19 @@ func TestChurns(t *testing.T) {
 		}
 	}
 }
+
+// Only the state letter after the last parenthesis counts: a comm may
+// hold ") T".
+func TestStopped(t *testing.T) {
+	for stat, want := range map[string]bool{
+		"4242 (steelyard) T 4200 4242 4242 0 -1":   true,
+		"4242 (steelyard) S 4200 4242 4242 0 -1":   false,
+		"4242 (odd) T name) R 4200 4242 4242 0 -1": false,
+		"4242 (steelyard)":                         false,
+		"":                                         false,
+	} {
+		if got := stopped(stat); got != want {
+			t.Errorf("stopped(%q) = %v, want %v", stat, got, want)
+		}
+	}
+}
