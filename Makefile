@@ -221,7 +221,7 @@ multinode: node-deps
 # load through nginx to a Deployment scaled 5 <-> 7, VIP vs pod upstreams;
 # docs/bench-node.{json,svg} and a table (docs/benchmarks.md). Not in test.
 bench-node: node-deps
-	$(ROOT) env $(NODE_ENV) RATE="$(RATE)" PROBE="$(PROBE)" DURATION="$(DURATION)" MODES="$(MODES)" PHASES="$(PHASES)" scripts/bench-node.sh
+	$(ROOT) env $(NODE_ENV) RATE="$(RATE)" PROBE="$(PROBE)" DURATION="$(DURATION)" MODES="$(MODES)" PHASES="$(PHASES)" OUT="$(OUT)" scripts/bench-node.sh
 
 # The same node for a person: prints the admin kubeconfig's path; the node
 # runs in the background until `make cluster-down`. Then:

@@ -16,7 +16,12 @@
 #   PHASES=steady,churn  runs per mode; "bystander" adds the control: the
 #                   backends steady while a Deployment behind no Service
 #                   scales 5 <-> 7 on the same node (OUT elsewhere, e.g.
-#                   MODES=vip PHASES=steady,churn,bystander OUT=/tmp/control)
+#                   MODES=vip PHASES=steady,churn,bystander OUT=/tmp/control);
+#                   "frozen" the other control: the churn with steelyard's
+#                   agent stopped (SIGSTOP) once its rules hold the 5
+#                   backends, nginx still serving, so the tail is the
+#                   node's (test/bench/node/frozen.go); with it every run
+#                   goes without the DaemonSet's liveness probe
 #   OUT=docs/bench-node   report and picture (.json, .svg)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -87,6 +87,13 @@ Prose says 14.4 s.
 func render(t *testing.T, name, dir string) string {
 	t.Helper()
 	root, _ := filepath.Abs("testdata/root")
+	return renderAt(t, root, name, dir)
+}
+
+// renderAt renders region name from the repository root at root for a
+// document in dir (root if "").
+func renderAt(t *testing.T, root, name, dir string) string {
+	t.Helper()
 	if dir == "" {
 		dir = root
 	}
@@ -103,16 +110,12 @@ func render(t *testing.T, name, dir string) string {
 func TestRenderBenchK8s(t *testing.T) {
 	root, _ := filepath.Abs("testdata/root")
 	got := render(t, "bench-k8s", "")
-	for _, want := range []string{
+	wantAll(t, "bench-k8s", got,
 		"| 1,000 x 10 | 30.0 ms / 20.0 ms / 300 ms / 1.00 s | 1.00 s / 1.50 s / 2.00 s | 80 MiB / 85 MiB / 100 MiB |",
 		"Run run-b (def5678, 2026-12-07;",
 		"load average 0.50-0.90",
 		"[docs/bench-k8s.jsonl](docs/bench-k8s.jsonl)",
-	} {
-		if !strings.Contains(got, want) {
-			t.Errorf("bench-k8s lacks %q:\n%s", want, got)
-		}
-	}
+	)
 	for _, not := range []string{"40.0 ms", "31.0 ms", "commit unknown"} {
 		if strings.Contains(got, not) {
 			t.Errorf("a point of another run (%s) is shown:\n%s", not, got)
@@ -128,18 +131,14 @@ func TestRenderBenchK8s(t *testing.T) {
 // against kube-proxy at 250 ms 300 ms: 0.10x; run-a's 40 ms never).
 func TestRenderBenchK8sRun(t *testing.T) {
 	got := render(t, "bench-k8s-run", "")
-	for _, want := range []string{
+	wantAll(t, "bench-k8s-run", got,
 		"| 1,000 x 10 | steelyard nftables | 250ms | 1.00 s (0.900 CPU-s) | 10.0 ms / 30.0 ms (60) | 0.005 CPU-s | 3.5 CPU-s | 80 MiB | 200 ms (0.150 CPU-s) | - | 0.50 0.60 0.70 |",
 		"| 1,000 x 10 | kube-proxy nftables --min-sync-period 250ms | 250ms |",
 		"500 ms (0.400 CPU-s) `nft list ruleset`",
 		"| 10.0 MiB |",
 		"| 1,000 x 10 | nftables | 0.10x | 0.50x | 0.80x | 0.50x |",
 		"| 1,000 x 10 | ebpf | 0.07x | 0.75x | 0.85x | - |",
-	} {
-		if !strings.Contains(got, want) {
-			t.Errorf("bench-k8s-run lacks %q:\n%s", want, got)
-		}
-	}
+	)
 }
 
 // A run whose points lack a commit cannot be rendered: its figures would
@@ -163,16 +162,12 @@ func TestRenderConformance(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := strings.Join(lines, "\n")
-	for _, want := range []string{
+	wantAll(t, "conformance", got,
 		"| steelyard-iptables | 1 | 1 | 1 | 1 | 1 | 641 s | 1 | abc1234-dirty, 2026-12-05 | 2.00 2.10 2.20 |",
 		"| kube-proxy | 2 | 0 | 1 | 1 | 0 | 581 s | 1 | abc1234, 2026-12-05 | 1.00 1.10 1.20 |",
 		"Failed for steelyard and passed for kube-proxy: 1.",
 		"- steelyard-iptables: b",
-	} {
-		if !strings.Contains(got, want) {
-			t.Errorf("conformance lacks %q:\n%s", want, got)
-		}
-	}
+	)
 	if i, j := strings.Index(got, "| steelyard-iptables"), strings.Index(got, "| kube-proxy"); i > j {
 		t.Errorf("steelyard not first:\n%s", got)
 	}
@@ -264,23 +259,41 @@ func TestRenderConformanceFromWrite(t *testing.T) {
 // any report has; the features table lists claims, failures and skips.
 func TestRenderGateway(t *testing.T) {
 	got := render(t, "gateway-conformance", "")
-	for _, want := range []string{
+	wantAll(t, "gateway-conformance", got,
 		"| mode | GATEWAY-HTTP | GATEWAY-TCP | GATEWAY-UDP | Gateway API | run | load (start -> end) |",
 		"| iptables ([docs/gateway-conformance-report-iptables.yaml](docs/gateway-conformance-report-iptables.yaml)) | core 36 / 0 / 0, extended 16 / 1 / 0 | core 18 / 0 / 0 | not run | v1.6.3 | abc1234, 2026-12-06 | 12.00 10.00 8.00 -> 20.00 15.00 10.00 |",
 		"| nftables ([docs/gateway-conformance-report-nftables.yaml](docs/gateway-conformance-report-nftables.yaml)) | not run | not run | core 19 / 0 / 1 | v1.6.3 | abc1234, 2026-12-06 | not recorded |",
-	} {
-		if !strings.Contains(got, want) {
-			t.Errorf("gateway-conformance lacks %q:\n%s", want, got)
-		}
-	}
+	)
 	got = render(t, "gateway-conformance-features", "")
-	for _, want := range []string{
+	wantAll(t, "gateway-conformance-features", got,
 		"| iptables | GATEWAY-HTTP | 36 / 0 / 0 | 16 / 1 / 0 | HTTPRouteMethodMatching, HTTPRouteSchemeRedirect | HTTPRouteRedirectScheme | none |",
 		"| iptables | GATEWAY-TCP | 18 / 0 / 0 | - | none | none | none |",
 		"| nftables | GATEWAY-UDP | 19 / 0 / 1 | - | none | none | UDPRouteSimple |",
-	} {
+	)
+}
+
+// The bench-node table carries every run's phase, and a frozen run's
+// meaning and kept backends in the sentence above it.
+func TestRenderBenchNodeFrozen(t *testing.T) {
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, "docs"), 0o755)
+	os.WriteFile(filepath.Join(root, benchNode), []byte(`{"date":"2026-12-07T07:00:00Z","commit":"abc1234","cpus":2,"rate":2000,"seconds":120,"no_liveness_probe":true,"runs":[
+{"upstreams":"vip","phase":"churn","requests":240000,"p999_ms":66,"loadavg":"1.0 1.0 1.0"},
+{"upstreams":"vip","phase":"frozen","frozen_kept":5,"requests":240000,"p999_ms":40,"loadavg":"1.0 1.0 1.0"}]}`), 0o644)
+	wantAll(t, "bench-node table", renderAt(t, root, "bench-node", filepath.Join(root, "docs")),
+		"vip frozen: the churn with steelyard's agent stopped (SIGSTOP) once its rules held the 5 backends, nginx serving; 5 of the 5 still ran at the end.",
+		"without the DaemonSet's liveness probe",
+		"| vip | churn | 240,000 |",
+		"| vip | frozen | 240,000 |",
+	)
+}
+
+// wantAll reports each of wants that got, the output named what, lacks.
+func wantAll(t *testing.T, what, got string, wants ...string) {
+	t.Helper()
+	for _, want := range wants {
 		if !strings.Contains(got, want) {
-			t.Errorf("gateway-conformance-features lacks %q:\n%s", want, got)
+			t.Errorf("%s lacks %q:\n%s", what, want, got)
 		}
 	}
 }

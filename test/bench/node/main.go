@@ -5,8 +5,10 @@
 // run them). Four runs of -duration each: steady (5 replicas) and churn
 // (kubectl-style scale 5 <-> 7 every 10-12 s), once with VIP upstreams
 // (steelyard's design) and once with --ingress-upstreams=pods (a reload per
-// endpoint change). It writes one JSON report (-o, read by node-plot),
-// prints a table and asserts nothing.
+// endpoint change). -phases adds two controls: bystander (a Deployment
+// behind no Service scales instead) and frozen (the churn with the agent
+// stopped once its rules hold the backends: frozen.go). It writes one JSON
+// report (-o, read by node-plot), prints a table and asserts nothing.
 //
 // The rate: unless -rate is given, short steady runs at each -probe rate
 // pick the highest one the machine sustains (no error, p99 under
@@ -34,7 +36,6 @@ import (
 	"os/signal"
 	"runtime"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -61,7 +62,7 @@ func main() {
 		duration  = flag.Duration("duration", 2*time.Minute, "length of each run")
 		timeout   = flag.Duration("timeout", 2*time.Second, "a request unanswered after this is an error")
 		modes     = flag.String("modes", "vip,pods", "upstream modes to run")
-		phases    = flag.String("phases", "steady,churn", "runs per mode: steady, churn (the backends scale 5 <-> 7), bystander (a Deployment not behind the Service scales so: the control)")
+		phases    = flag.String("phases", "steady,churn", "runs per mode: steady, churn (the backends scale 5 <-> 7), bystander (a Deployment not behind the Service scales so: the control), frozen (churn with the agent stopped after its sync: the node's share)")
 		out       = flag.String("o", "docs/bench-node.json", "JSON report")
 	)
 	flag.Parse()
@@ -74,17 +75,17 @@ func main() {
 	go func() {
 		s := <-sigs
 		log.Printf("%v: tearing the node down", s)
+		thawOnExit()
 		cluster.StopAll()
 		sandbox.CloseAll()
 		os.Exit(130)
 	}()
-	for _, p := range strings.Split(*phases, ",") {
-		if p != "steady" && p != "churn" && p != "bystander" {
-			fmt.Fprintf(os.Stderr, "node-bench: unknown phase %q (steady, churn, bystander)\n", p)
-			os.Exit(2)
-		}
+	phaseList, err := parsePhases(*phases)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "node-bench:", err)
+		os.Exit(2)
 	}
-	rep, err := run(*manifests, *rate, *probe, *probeP99, *duration, *timeout, strings.Split(*modes, ","), strings.Split(*phases, ","))
+	rep, err := run(*manifests, *rate, *probe, *probeP99, *duration, *timeout, strings.Split(*modes, ","), phaseList)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "node-bench:", err)
 		os.Exit(1)
@@ -121,6 +122,12 @@ func run(manifests string, rate int, probe string, probeP99, duration, timeout t
 	// The documented opt-in (manifests/ingress/, its patch/ingress-on.json).
 	if err := c.Install(ctx, []string{manifests, manifests + "/ingress"}, nil, "--ingress-upstreams="+modes[0]); err != nil {
 		return nil, fmt.Errorf("install: %w\n%s", err, c.Logs(30))
+	}
+	if slices.Contains(phases, "frozen") {
+		if err := dropLivenessProbe(ctx, c); err != nil {
+			return nil, err
+		}
+		rep.NoLivenessProbe = true
 	}
 	client, err := c.Sandbox.AddClient(netip.Addr{})
 	if err != nil {
@@ -357,8 +364,25 @@ func (b *bench) run(ctx context.Context, mode, phase string, rate int, duration 
 			return r, err
 		}
 	}
-	m0, err := b.metricsNow()
-	if err != nil {
+	// The frozen phase reads the agent's metrics just before it stops it,
+	// and counts no sync or reload after: none can happen.
+	var fr *freezer
+	var m0 agentMetrics
+	var err error
+	if phase == "frozen" {
+		fr, err = b.freeze(ctx)
+		defer func() {
+			if fr != nil {
+				if err := fr.thaw(ctx); err != nil {
+					log.Print(err)
+				}
+			}
+		}()
+		if err != nil {
+			return r, err
+		}
+		m0 = fr.m0
+	} else if m0, err = b.metricsNow(); err != nil {
 		return r, err
 	}
 	cpu0 := b.cpuNow(ctx)
@@ -390,10 +414,13 @@ func (b *bench) run(ctx context.Context, mode, phase string, rate int, duration 
 		}
 	}()
 	// nginx reloads and kernel syncs: the agent's last-reload and
-	// last-sync timestamps, polled.
+	// last-sync timestamps, polled (not while it is stopped).
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		if fr != nil {
+			return
+		}
 		lastReload, lastSync := m0.lastReload, m0.lastSync
 		t := time.NewTicker(200 * time.Millisecond)
 		defer t.Stop()
@@ -449,7 +476,7 @@ func (b *bench) run(ctx context.Context, mode, phase string, rate int, duration 
 	}()
 	// Churn: 5 <-> 7 every 10, 11, 12 s.
 	churnErr := make(chan error, 1)
-	if phase != "steady" {
+	if churns(phase) {
 		go func() {
 			replicas := 5
 			for i := 0; ; i++ {
@@ -487,11 +514,30 @@ func (b *bench) run(ctx context.Context, mode, phase string, rate int, duration 
 	if err := <-churnErr; err != nil {
 		return r, err
 	}
-	m1, err := b.metricsNow()
-	if err != nil {
-		return r, err
+	m1 := m0
+	if fr != nil {
+		// Still the same stopped agent, or the run measured something
+		// else; CPU is read before the thaw, nginx's log after it (the
+		// agent copies nginx's error log to its own).
+		if err := fr.check(ctx); err != nil {
+			return r, err
+		}
+		if r.FrozenKept, err = fr.alive(ctx); err != nil {
+			return r, err
+		}
+		r.CPUSeconds = cpuDelta(cpu0, b.cpuNow(ctx))
+		err = fr.thaw(ctx)
+		fr = nil
+		if err != nil {
+			return r, err
+		}
+		time.Sleep(2 * time.Second)
+	} else {
+		if m1, err = b.metricsNow(); err != nil {
+			return r, err
+		}
+		r.CPUSeconds = cpuDelta(cpu0, b.cpuNow(ctx))
 	}
-	r.CPUSeconds = cpuDelta(cpu0, b.cpuNow(ctx))
 	r.NginxErrors = b.nginxErrors(ctx, start)
 	s := l.summary()
 	r.Requests, r.Errors, r.ErrClasses = len(l.lat), l.errors(), l.classes()
@@ -524,7 +570,7 @@ func (b *bench) run(ctx context.Context, mode, phase string, rate int, duration 
 			r.SlowBusy++
 		}
 	}
-	if phase == "churn" {
+	if phase == "churn" || phase == "frozen" {
 		_, err := b.c.Client().AppsV1().Deployments("default").UpdateScale(ctx, "bench",
 			&autoscalingv1.Scale{ObjectMeta: metav1.ObjectMeta{Name: "bench", Namespace: "default"}, Spec: autoscalingv1.ScaleSpec{Replicas: 5}}, metav1.UpdateOptions{})
 		if err != nil {
@@ -646,143 +692,3 @@ func loadAvg() string {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-// loadResult is every request of one load: due time, latency (from the due
-// time) and error class ("" if it succeeded).
-type loadResult struct {
-	due    []time.Time
-	lat    []time.Duration
-	errs   []string
-	behind time.Duration
-}
-
-func (l *loadResult) errors() int {
-	n := 0
-	for _, e := range l.errs {
-		if e != "" {
-			n++
-		}
-	}
-	return n
-}
-
-func (l *loadResult) classes() map[string]int {
-	m := map[string]int{}
-	for _, e := range l.errs {
-		if e != "" {
-			m[e]++
-		}
-	}
-	return m
-}
-
-type percentiles struct{ P50, P99, P999, Max float64 }
-
-func pct(lat []time.Duration) percentiles {
-	if len(lat) == 0 {
-		return percentiles{}
-	}
-	s := append([]time.Duration(nil), lat...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	at := func(p float64) float64 {
-		k := int(p*float64(len(s))+0.999999) - 1
-		return ms(s[max(0, min(k, len(s)-1))])
-	}
-	return percentiles{at(0.50), at(0.99), at(0.999), ms(s[len(s)-1])}
-}
-
-func (l *loadResult) summary() percentiles { return pct(l.lat) }
-
-// series cuts the requests into buckets by due time.
-func (l *loadResult) series(start time.Time, d time.Duration, cpu []float64) []result.Point {
-	n := int(d / bucket)
-	lats := make([][]time.Duration, n)
-	errs := make([]int, n)
-	for i, due := range l.due {
-		k := int(due.Sub(start) / bucket)
-		if k < 0 || k >= n {
-			continue
-		}
-		lats[k] = append(lats[k], l.lat[i])
-		if l.errs[i] != "" {
-			errs[k]++
-		}
-	}
-	var pts []result.Point
-	for k := range n {
-		p := pct(lats[k])
-		pt := result.Point{T: (time.Duration(k) * bucket).Seconds(), N: len(lats[k]), Errors: errs[k], P50: p.P50, P99: p.P99, Max: p.Max}
-		if k < len(cpu) {
-			pt.CPU = cpu[k]
-		}
-		pts = append(pts, pt)
-	}
-	return pts
-}
-
-func (b *bench) load(rate int, d time.Duration) *loadResult {
-	return b.loadFrom(time.Now(), rate, d)
-}
-
-// loadFrom sends rate requests a second for d from start, open loop:
-// request i is due at start + i/rate whatever happened to earlier ones, and
-// its latency counts from that due time (no coordinated omission).
-func (b *bench) loadFrom(start time.Time, rate int, d time.Duration) *loadResult {
-	interval := time.Second / time.Duration(rate)
-	total := int(d / interval)
-	l := &loadResult{due: make([]time.Time, total), lat: make([]time.Duration, total), errs: make([]string, total)}
-	var wg sync.WaitGroup
-	start = start.Add(10 * time.Millisecond)
-	for i := range total {
-		due := start.Add(time.Duration(i) * interval)
-		l.due[i] = due
-		if wait := time.Until(due); wait > 0 {
-			time.Sleep(wait)
-		} else if -wait > l.behind {
-			l.behind = -wait
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ctx, cancel := context.WithDeadline(context.Background(), due.Add(b.timeout))
-			defer cancel()
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://bench.example/hostname", nil)
-			resp, err := b.http.Do(req)
-			if err == nil {
-				_, err = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if err == nil && resp.StatusCode != 200 {
-					err = fmt.Errorf("status %d", resp.StatusCode)
-				}
-			}
-			l.lat[i] = time.Since(due)
-			if err != nil {
-				l.errs[i] = errClass(err)
-			}
-		}()
-	}
-	wg.Wait()
-	return l
-}
-
-// errClass names an error briefly: "timeout", "reset", "refused", "status
-// 502", ...
-func errClass(err error) string {
-	s := err.Error()
-	switch {
-	case strings.HasPrefix(s, "status "):
-		return s
-	case strings.Contains(s, "deadline exceeded"), strings.Contains(s, "Timeout"), strings.Contains(s, "timeout"):
-		return "timeout"
-	case strings.Contains(s, "reset"):
-		return "reset"
-	case strings.Contains(s, "refused"):
-		return "refused"
-	case strings.Contains(s, "EOF"):
-		return "EOF"
-	}
-	if len(s) > 60 {
-		s = s[:60]
-	}
-	return s
-}

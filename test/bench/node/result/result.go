@@ -23,7 +23,11 @@ type Report struct {
 	Bucket float64 `json:"bucket"`
 	// PreStopSeconds is the backends' preStop pause (0 in older reports).
 	PreStopSeconds float64 `json:"prestop_seconds,omitempty"`
-	Runs           []Run   `json:"runs"`
+	// NoLivenessProbe is set when the DaemonSet ran without its liveness
+	// probe, in every run of the report: the frozen phase stops the agent,
+	// which kubelet would otherwise restart (nginx with it).
+	NoLivenessProbe bool  `json:"no_liveness_probe,omitempty"`
+	Runs            []Run `json:"runs"`
 }
 
 // Step is one rate of the probe.
@@ -46,10 +50,18 @@ type Step struct {
 type Run struct {
 	// Upstreams is "vip" or "pods" (--ingress-upstreams).
 	Upstreams string `json:"upstreams"`
-	// Phase is "steady" (5 replicas throughout), "churn" (5 <-> 7) or
+	// Phase is "steady" (5 replicas throughout), "churn" (5 <-> 7),
 	// "bystander" (the backends steady while a Deployment behind no
-	// Service scales 5 <-> 7 on the same node: the control for churn).
-	Phase      string         `json:"phase"`
+	// Service scales 5 <-> 7 on the same node: the control for churn) or
+	// "frozen" (churn with steelyard's agent stopped once its rules held
+	// the 5 backends: the kernel's rules and nginx's upstreams stay as
+	// they were while the node creates and deletes the 2 extra pods, so
+	// its tail is the node's and the difference to churn steelyard's).
+	Phase string `json:"phase"`
+	// FrozenKept is, for a frozen run, how many of the 5 backends in the
+	// frozen rules still ran at its end (5: no request went to a deleted
+	// pod because of the freeze).
+	FrozenKept int            `json:"frozen_kept,omitempty"`
 	Requests   int            `json:"requests"`
 	Errors     int            `json:"errors"`
 	ErrClasses map[string]int `json:"error_classes,omitempty"`

@@ -21,6 +21,9 @@ func Table(w io.Writer, r *Report) {
 		}
 		fmt.Fprintf(w, "rate probe (10 s each, VIP upstreams, steady): %s\n", strings.Join(s, "; "))
 	}
+	for _, n := range Notes(r) {
+		fmt.Fprintln(w, n)
+	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "upstreams\trun\trequests\terrors\treloads\tp50\tp99\tp99.9\tmax\tkernel syncs (mean)\t>=50ms (after scale/slice/sync/reload; CPU>=90%)\tCPU\tload avg")
@@ -78,4 +81,23 @@ func Coverage(times []float64, seconds float64) float64 {
 		}
 	}
 	return 100 * float64(n) * step / seconds
+}
+
+// Notes are the sentences a report's table needs besides its columns:
+// what the bystander and frozen runs are, and how many backends a frozen
+// run kept. The README's and docs/' tables (test/docsgen) print them too.
+func Notes(r *Report) []string {
+	var notes []string
+	for _, x := range r.Runs {
+		switch x.Phase {
+		case "bystander":
+			notes = append(notes, fmt.Sprintf("%s bystander: the backends steady while a Deployment behind no Service scales 5 <-> 7 on the same node.", x.Upstreams))
+		case "frozen":
+			notes = append(notes, fmt.Sprintf("%s frozen: the churn with steelyard's agent stopped (SIGSTOP) once its rules held the 5 backends, nginx serving; %d of the 5 still ran at the end.", x.Upstreams, x.FrozenKept))
+		}
+	}
+	if r.NoLivenessProbe {
+		notes = append(notes, "Every run without the DaemonSet's liveness probe (the frozen phase needs that).")
+	}
+	return notes
 }
