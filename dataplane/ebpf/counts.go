@@ -41,7 +41,8 @@ type kernelCounters struct{ m *ebpf.Map }
 func (k kernelCounters) Create(key countKey) error {
 	// A per-CPU map's value is one per possible CPU.
 	zero := make([]uint64, ebpf.MustPossibleCPU())
-	if err := k.m.Update(key, zero, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+	err := retryNoMem(func() error { return k.m.Update(key, zero, ebpf.UpdateNoExist) })
+	if err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
 		return err
 	}
 	return nil

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"syscall"
+	"time"
 
 	"github.com/cilium/ebpf"
 )
@@ -26,7 +28,31 @@ type bpfMap interface {
 // kernelMap is a pinned or loaded BPF map.
 type kernelMap struct{ m *ebpf.Map }
 
-func (k kernelMap) Put(key, value encoding.BinaryMarshaler) error { return k.m.Put(key, value) }
+func (k kernelMap) Put(key, value encoding.BinaryMarshaler) error {
+	return retryNoMem(func() error { return k.m.Put(key, value) })
+}
+
+// noMemRetries bounds retryNoMem: at most about 0.1 s of sleeps per update.
+const noMemRetries = 10
+
+// retryNoMem runs update again, a bounded number of times after a short
+// sleep, while the kernel answers ENOMEM. Why: the maps created with
+// BPF_F_NO_PREALLOC (slots, counts) take each new element from the BPF
+// memory allocator's per-CPU caches, which the kernel refills
+// asynchronously (irq_work) since 6.1, so a burst of updates from user
+// space (a first sync writes 100,000 slots at 10,000 Services) can find
+// a cache empty and get ENOMEM while memory is free. Seen here on 6.18
+// (TestKernelChangeToMap, counters, under load); reported on 6.12 and
+// 6.18 elsewhere (amazon-linux-2023#1129). A sleep lets the refill run; a
+// full map (E2BIG) or any other error returns at once.
+func retryNoMem(update func() error) error {
+	err := update()
+	for i := 0; i < noMemRetries && errors.Is(err, syscall.ENOMEM); i++ {
+		time.Sleep(time.Millisecond << min(i, 4))
+		err = update()
+	}
+	return err
+}
 
 func (k kernelMap) Delete(key encoding.BinaryMarshaler) error {
 	if err := k.m.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
