@@ -100,7 +100,7 @@ func runProxy(ctx context.Context, cfg *config, cp *controlplane.ControlPlane, w
 	if maps != nil {
 		dump = maps
 	}
-	m := &monitor{agent: a, scraper: sc, dump: dump, ns: s.Node.Name}
+	m := &monitor{agent: a, scraper: sc, dump: dump, maps: maps, ns: s.Node.Name}
 	if cfg.verbose {
 		m.trace = logf
 	}
