@@ -292,24 +292,13 @@ func compareWithModel(t *testing.T, p *Proxier, s dataplane.State, what string) 
 //
 //	go test -tags e2e -run '^$' -bench ExplainSources -benchtime 1x ./dataplane/nftables/
 func BenchmarkExplainSources(b *testing.B) {
-	n := os.Getenv("STEELYARD_EXPLAIN_SERVICES")
-	if n == "" {
-		n = "10000"
-	}
-	if os.Getenv("STEELYARD_NLX_CHILD") != "" {
-		explainSources(b, n)
-		return
-	}
-	s := sandbox.NewT(b, sandbox.Options{})
-	sandbox.ExecTimeout = 30 * time.Minute
-	out, err := s.Node.Exec("env", "STEELYARD_NLX_CHILD=1", "STEELYARD_EXPLAIN_SERVICES="+n,
-		"STEELYARD_EXPLAIN_CPUPROFILE="+os.Getenv("STEELYARD_EXPLAIN_CPUPROFILE"),
-		"STEELYARD_EXPLAIN_READERS="+os.Getenv("STEELYARD_EXPLAIN_READERS"), os.Args[0],
-		"-test.run", "^$", "-test.bench", "^BenchmarkExplainSources$", "-test.benchtime", "1x", "-test.v", "-test.timeout", "30m")
-	b.Logf("in %s:\n%s", s.Node.Name, out)
-	if err != nil {
-		b.Fatal(err)
-	}
+	benchInSandbox(b, func(t testing.TB) {
+		n := os.Getenv("STEELYARD_EXPLAIN_SERVICES")
+		if n == "" {
+			n = "10000"
+		}
+		explainSources(t, n)
+	}, "STEELYARD_EXPLAIN_SERVICES", "STEELYARD_EXPLAIN_CPUPROFILE", "STEELYARD_EXPLAIN_READERS")
 }
 
 func explainSources(t testing.TB, n string) {

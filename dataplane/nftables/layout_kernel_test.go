@@ -14,8 +14,6 @@ import (
 	"time"
 
 	gnft "github.com/google/nftables"
-
-	"github.com/steelyard-net/steelyard/test/sandbox"
 )
 
 // BenchmarkWeightMapLayouts prints, for STEELYARD_LAYOUT_SERVICES
@@ -33,26 +31,13 @@ import (
 //
 //	go test -tags e2e -run '^$' -bench WeightMapLayouts -benchtime 1x ./dataplane/nftables/
 func BenchmarkWeightMapLayouts(b *testing.B) {
-	n := os.Getenv("STEELYARD_LAYOUT_SERVICES")
-	if n == "" {
-		n = "10000"
-	}
-	if os.Getenv("STEELYARD_NLX_CHILD") != "" {
-		weightMapLayouts(b, n)
-		return
-	}
-	if _, err := exec.LookPath("nft"); err != nil {
-		b.Fatal("no nft binary (scripts/install-deps.sh installs it)")
-	}
-	s := sandbox.NewT(b, sandbox.Options{})
-	sandbox.ExecTimeout = 30 * time.Minute
-	out, err := s.Node.Exec("env", "STEELYARD_NLX_CHILD=1", "STEELYARD_LAYOUT_SERVICES="+n,
-		"STEELYARD_LAYOUT_SHARDS="+os.Getenv("STEELYARD_LAYOUT_SHARDS"), os.Args[0],
-		"-test.run", "^$", "-test.bench", "^BenchmarkWeightMapLayouts$", "-test.benchtime", "1x", "-test.v", "-test.timeout", "30m")
-	b.Logf("in %s:\n%s", s.Node.Name, out)
-	if err != nil {
-		b.Fatal(err)
-	}
+	benchInSandbox(b, func(t testing.TB) {
+		n := os.Getenv("STEELYARD_LAYOUT_SERVICES")
+		if n == "" {
+			n = "10000"
+		}
+		weightMapLayouts(t, n)
+	}, "STEELYARD_LAYOUT_SERVICES", "STEELYARD_LAYOUT_SHARDS")
 }
 
 func weightMapLayouts(t testing.TB, n string) {
