@@ -292,13 +292,7 @@ func compareWithModel(t *testing.T, p *Proxier, s dataplane.State, what string) 
 //
 //	go test -tags e2e -run '^$' -bench ExplainSources -benchtime 1x ./dataplane/nftables/
 func BenchmarkExplainSources(b *testing.B) {
-	benchInSandbox(b, func(t testing.TB) {
-		n := os.Getenv("STEELYARD_EXPLAIN_SERVICES")
-		if n == "" {
-			n = "10000"
-		}
-		explainSources(t, n)
-	}, "STEELYARD_EXPLAIN_SERVICES", "STEELYARD_EXPLAIN_CPUPROFILE", "STEELYARD_EXPLAIN_READERS")
+	benchInSandbox(b, func(t testing.TB) { explainSources(t, servicesEnv("STEELYARD_EXPLAIN_SERVICES")) }, "STEELYARD_EXPLAIN_SERVICES", "STEELYARD_EXPLAIN_CPUPROFILE", "STEELYARD_EXPLAIN_READERS")
 }
 
 func explainSources(t testing.TB, n string) {

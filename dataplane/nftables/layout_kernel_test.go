@@ -31,13 +31,7 @@ import (
 //
 //	go test -tags e2e -run '^$' -bench WeightMapLayouts -benchtime 1x ./dataplane/nftables/
 func BenchmarkWeightMapLayouts(b *testing.B) {
-	benchInSandbox(b, func(t testing.TB) {
-		n := os.Getenv("STEELYARD_LAYOUT_SERVICES")
-		if n == "" {
-			n = "10000"
-		}
-		weightMapLayouts(t, n)
-	}, "STEELYARD_LAYOUT_SERVICES", "STEELYARD_LAYOUT_SHARDS")
+	benchInSandbox(b, func(t testing.TB) { weightMapLayouts(t, servicesEnv("STEELYARD_LAYOUT_SERVICES")) }, "STEELYARD_LAYOUT_SERVICES", "STEELYARD_LAYOUT_SHARDS")
 }
 
 func weightMapLayouts(t testing.TB, n string) {

@@ -352,6 +352,15 @@ func BenchmarkKernelFirstSync(b *testing.B) {
 	benchInSandbox(b, kernelFirstSync, "STEELYARD_FIRSTSYNC_SERVICES", "STEELYARD_FIRSTSYNC_CPUPROFILE", "STEELYARD_FIRSTSYNC_BATCH")
 }
 
+// servicesEnv is the Service count a kernel benchmark's variable key
+// gives, 10,000 when unset.
+func servicesEnv(key string) string {
+	if n := os.Getenv(key); n != "" {
+		return n
+	}
+	return "10000"
+}
+
 // benchInSandbox runs the benchmark b once as root in the node namespace
 // of a sandbox: the test binary runs itself there with STEELYARD_NLX_CHILD
 // and the environment variables named by pass, and that child runs body.
