@@ -107,6 +107,7 @@ func newRunCommand() *cobra.Command {
 		healthzAddr          string
 		syncPeriod           time.Duration
 		minSyncPeriod        time.Duration
+		syncBurst            int
 		fullSyncPeriod       time.Duration
 		ing                  ingressFlags
 		node                 nodeFlags
@@ -287,16 +288,23 @@ func newRunCommand() *cobra.Command {
 	cmd.Flags().StringVar(&healthzAddr, "healthz-bind-address", "0.0.0.0:10276", "address of /healthz and /readyz (kube-proxy's is :10256); empty: off")
 	cmd.Flags().DurationVar(&syncPeriod, "sync-period", 30*time.Second, "periodic sync interval: writes what changed and checks a canary rule (a flushed table forces a full resync)")
 	cmd.Flags().DurationVar(&fullSyncPeriod, "full-sync-period", time.Hour, "full resync interval: reads the kernel back and rewrites what differs, repairing rules changed by hand")
-	cmd.Flags().DurationVar(&minSyncPeriod, "min-sync-period", 250*time.Millisecond, "minimum time between syncs on average (two may run back to back); bursts of changes merge")
+	cmd.Flags().DurationVar(&minSyncPeriod, "min-sync-period", 250*time.Millisecond, "minimum time between syncs on average (--sync-burst may run back to back); bursts of changes merge")
+	cmd.Flags().IntVar(&syncBurst, "sync-burst", defaultSyncBurst, "syncs that may start back to back before --min-sync-period holds them apart (kube-proxy's is 2); a sustained stream of changes still gets one sync per --min-sync-period")
 	return cmd
 }
 
-// syncBurst is how many syncs may start back to back before
-// --min-sync-period holds them apart (kube-proxy's burstSyncs is 2 too): a
-// change right after another sync, such as the stale-chain cleanup that
-// nftables mode runs a second after each change, is programmed at once
-// instead of waiting up to the whole --min-sync-period.
-const syncBurst = 2
+// defaultSyncBurst is how many syncs may start back to back before
+// --min-sync-period holds them apart. kube-proxy's burstSyncs is 2; with
+// 2, changes a second or two apart queued p99 164 ms at 10,000 Services in
+// bench-k8s (run 20261207T064726Z): nftables mode runs a second sync a
+// second after each change (the stale chains' deletion), so three syncs in
+// a quarter second are common, and the third waited for a token. A model of
+// that stream (changes at uniform gaps in [0, 2 s), each with a cleanup
+// sync 1 s later, 250 ms period) gives a wait p99 of 167 ms at burst 2, 28
+// ms at 3, 23 ms at 6 and 8 (the sync in front): docs/benchmarks.md "The
+// runner's burst". A sustained storm is still held to one sync per period;
+// the burst only lets a short run of changes through at once.
+const defaultSyncBurst = 8
 
 // firstSyncWait bounds how long the nginx layer waits for the first
 // successful sync: a dataplane that keeps failing must not keep L7 down.
