@@ -295,13 +295,11 @@ func newRunCommand() *cobra.Command {
 
 // defaultSyncBurst is how many syncs may start back to back before
 // --min-sync-period holds them apart. kube-proxy's burstSyncs is 2; with
-// 2, changes a second or two apart queued p99 164 ms at 10,000 Services in
-// bench-k8s (run 20261207T064726Z): nftables mode runs a second sync a
-// second after each change (the stale chains' deletion), so three syncs in
-// a quarter second are common, and the third waited for a token. A model of
-// that stream (changes at uniform gaps in [0, 2 s), each with a cleanup
-// sync 1 s later, 250 ms period) gives a wait p99 of 167 ms at burst 2, 28
-// ms at 3, 23 ms at 6 and 8 (the sync in front): docs/benchmarks.md "The
+// 2, changes about half a second apart (bench-k8s's stream) queued p99 164
+// ms at 10,000 Services (run 20261207T064726Z): a third change within a
+// quarter second waited for a token. Replayed through the runner's bucket
+// (controller/runner TestBurstModel) that stream waits p99 152 ms at burst
+// 2 and 20 ms (the sync in front) from 4 on: docs/benchmarks.md "The
 // runner's burst". A sustained storm is still held to one sync per period;
 // the burst only lets a short run of changes through at once.
 const defaultSyncBurst = 8
