@@ -263,6 +263,7 @@ func renderBenchK8sRun(root, dir, file string) ([]string, error) {
 	}
 	return append(out, "",
 		"change -> kernel: the API write to the kernel's netlink event adding the address (nftables, iptables: the end of the first sync after which it is in the rules read back); steelyard ebpf: to the first 1 ms poll of the changed port's pinned map entries that finds it, in runs of 7351e47 and later; runs before it (this bench's monitor was not given the maps) timed the end of the first sync after which the maps held it, an upper bound (its agent writes the nftables half, every entry point with the clusterIPs, in the same sync: before the maps up to b52a97c, after them since). "+
+			"Bursts: kube-proxy lets 2 syncs run back to back before its period holds them apart (fixed); steelyard's `--sync-burst` is 8 from c45163e (2 before), so at an equal --min-sync-period a short run of changes waits less in steelyard (docs/benchmarks.md, the runner's burst). "+
 			"CPU: the proxy and its children, from /proc; per change: during the changes / changes; total: start to the end of the quiet period. "+
 			"explain: `steelyard explain --mode X` in the namespace after the run; kube-proxy has no explain, so its ruleset listed (the command is named), the nearest equivalent. "+
 			"maps memlock: the kernel's memory of the ebpf mode's pinned maps (fdinfo)."), nil
