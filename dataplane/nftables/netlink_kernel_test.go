@@ -340,7 +340,8 @@ func splitRulesOverNetlink(t *testing.T, p *Proxier, list func() string) {
 }
 
 // BenchmarkKernelFirstSync is the first sync of STEELYARD_FIRSTSYNC_SERVICES
-// (default 10000) Service ports x 10 endpoints into an empty table of a
+// (default 10000) Service ports x STEELYARD_FIRSTSYNC_ENDPOINTS (default 10)
+// endpoints into an empty table of a
 // test namespace's kernel: wall time, and the CPU split into user and
 // system (the kernel's work on each batch is charged to the process that
 // sends it, nft), children included. STEELYARD_FIRSTSYNC_CPUPROFILE writes
@@ -349,7 +350,7 @@ func splitRulesOverNetlink(t *testing.T, p *Proxier, list func() string) {
 //
 //	go test -tags e2e -run '^$' -bench KernelFirstSync -benchtime 1x ./dataplane/nftables/
 func BenchmarkKernelFirstSync(b *testing.B) {
-	benchInSandbox(b, kernelFirstSync, "STEELYARD_FIRSTSYNC_SERVICES", "STEELYARD_FIRSTSYNC_CPUPROFILE", "STEELYARD_FIRSTSYNC_BATCH")
+	benchInSandbox(b, kernelFirstSync, "STEELYARD_FIRSTSYNC_SERVICES", "STEELYARD_FIRSTSYNC_ENDPOINTS", "STEELYARD_FIRSTSYNC_CPUPROFILE", "STEELYARD_FIRSTSYNC_BATCH")
 }
 
 // servicesEnv is the Service count a kernel benchmark's variable key
@@ -385,8 +386,8 @@ func benchInSandbox(b *testing.B, body func(testing.TB), pass ...string) {
 }
 
 func kernelFirstSync(t testing.TB) {
-	count, batch := 10000, 0
-	for k, v := range map[string]*int{"STEELYARD_FIRSTSYNC_SERVICES": &count, "STEELYARD_FIRSTSYNC_BATCH": &batch} {
+	count, eps, batch := 10000, 10, 0
+	for k, v := range map[string]*int{"STEELYARD_FIRSTSYNC_SERVICES": &count, "STEELYARD_FIRSTSYNC_ENDPOINTS": &eps, "STEELYARD_FIRSTSYNC_BATCH": &batch} {
 		if s := os.Getenv(k); s != "" {
 			if _, err := fmt.Sscan(s, v); err != nil {
 				t.Fatal(err)
@@ -396,7 +397,7 @@ func kernelFirstSync(t testing.TB) {
 	if batch > 0 {
 		BatchPorts = batch
 	}
-	s := dataplanetest.Synthetic(count, 10)
+	s := dataplanetest.Synthetic(count, eps)
 	p, err := NewKernel(testCfg)
 	if err != nil {
 		t.Fatal(err)
@@ -434,8 +435,8 @@ func kernelFirstSync(t testing.TB) {
 	wall := time.Since(start)
 	usage(&r1)
 	load, _ := os.ReadFile("/proc/loadavg")
-	t.Logf("first sync of %d x 10 (BatchPorts %d, netlink %v): wall %.2f s, CPU user %.2f s, system %.2f s; load %s",
-		count, BatchPorts, p.lastNetlink, wall.Seconds(),
+	t.Logf("first sync of %d x %d (BatchPorts %d, netlink %v): wall %.2f s, CPU user %.2f s, system %.2f s; load %s",
+		count, eps, BatchPorts, p.lastNetlink, wall.Seconds(),
 		sec(func(r syscall.Rusage) syscall.Timeval { return r.Utime }), sec(func(r syscall.Rusage) syscall.Timeval { return r.Stime }),
 		strings.Join(strings.Fields(string(load))[:3], " "))
 }

@@ -220,7 +220,11 @@ func (o *syncOps) Commit(last bool) error {
 	// Services is thirty of them.
 	rctx, rcancel := context.WithTimeout(execx.Context(), syncTimeout)
 	defer rcancel()
-	if err := p.commit(rctx, o.tx); err != nil {
+	commit := p.commit
+	if o.batched {
+		commit = p.commitBatch // elements over netlink (firstsync.go)
+	}
+	if err := commit(rctx, o.tx); err != nil {
 		p.rec.undo()
 		return fmt.Errorf("nftables: %w", err)
 	}
