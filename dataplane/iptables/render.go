@@ -51,17 +51,17 @@ type Config struct {
 }
 
 // terseEndpoints is the number of endpoints above which the per-endpoint
-// rules (the split in the Service chains, the hairpin rule of each
-// endpoint chain) carry no comment, as kube-proxy's "large cluster mode"
+// rules (the split in the Service chains, the rules of the endpoint
+// chains) carry no comment, as kube-proxy's "large cluster mode"
 // does above the same count. Every comment match is a fixed 256-byte
 // xt_comment in the kernel's table, whatever its text, and iptables-legacy
 // copies and checks the whole nat table at every restore: at 1,000
 // Services x 100 endpoints the 302,000 commented rules made a one-chain
 // partial restore cost 2.3-2.9 CPU-s against 1.3-1.5 without per-endpoint
 // comments, and iptables-save 1.5 against 1.0 CPU-s
-// (docs/data/iptables-1000x100-2026-12-07). The DNAT rule keeps its
-// comment: Counts names the Service by it; the shared chains keep theirs:
-// explain reads them.
+// (docs/data/iptables-1000x100-2026-12-07). The rules of the shared
+// chains keep theirs: explain reads them, and Counts names an endpoint's
+// Service by following the jumps from them (chainServices).
 const terseEndpoints = 1000
 
 // isTerse reports whether s has more than terseEndpoints endpoints.
@@ -527,7 +527,10 @@ func renderService(r *fragment, sp *dataplane.ServicePort, cfg Config) {
 			} else {
 				r.add(TableNAT, sep, "-s", hostPrefix(b.IP), "-m", "comment", "--comment", iptk.Quote(name+" hairpin"), "-j", string(ChainMarkMasq))
 			}
-			dnat := []string{"-p", proto, "-m", "comment", "--comment", iptk.Quote(name)}
+			dnat := []string{"-p", proto}
+			if !cfg.terse {
+				dnat = append(dnat, "-m", "comment", "--comment", iptk.Quote(name))
+			}
 			if sp.AffinitySeconds > 0 {
 				dnat = append(dnat, "-m", "recent", "--set", "--name", string(sep), "--mask", fullMask(b.IP), "--rsource")
 			}
