@@ -57,7 +57,7 @@ type Config struct {
 // xt_comment in the kernel's table, whatever its text, and iptables-legacy
 // copies and checks the whole nat table at every restore: at 1,000
 // Services x 100 endpoints the 302,000 commented rules made a one-chain
-// partial restore cost 2.3-2.9 CPU-s against 1.3-1.5 without per-endpoint
+// partial restore cost 2.3-3.1 CPU-s against 1.3-1.5 without per-endpoint
 // comments, and iptables-save 1.5 against 1.0 CPU-s
 // (docs/data/iptables-1000x100-2026-12-07). The rules of the shared
 // chains keep theirs: explain reads them, and Counts names an endpoint's
