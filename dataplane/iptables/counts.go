@@ -56,6 +56,7 @@ func (p *Proxier) Counts() ([]dataplane.EndpointCount, error) {
 		return nil, nil
 	}
 	var out []dataplane.EndpointCount
+	names := chainServices(nat)
 	for _, c := range nat.Order {
 		if !strings.HasPrefix(string(c), sepPrefix) {
 			continue
@@ -68,10 +69,57 @@ func (p *Proxier) Counts() ([]dataplane.EndpointCount, error) {
 			if err != nil {
 				return nil, fmt.Errorf("chain %s: DNAT to %q: %w", c, r.TargetArgs["--to-destination"], err)
 			}
-			out = append(out, dataplane.EndpointCount{Service: r.Comment, Protocol: dataplane.Protocol(strings.ToUpper(r.Protocol)), Endpoint: ep, NewConnections: r.Packets})
+			svc := r.Comment
+			if svc == "" {
+				// Terse rules (terseEndpoints): named by the entry rules.
+				svc = names[c]
+			}
+			out = append(out, dataplane.EndpointCount{Service: svc, Protocol: dataplane.Protocol(strings.ToUpper(r.Protocol)), Endpoint: ep, NewConnections: r.Packets})
 		}
 	}
 	return dataplane.MergeCounts(out), nil
+}
+
+// chainServices names each chain of a Service port by the comment of the
+// rules in STEELYARD-SERVICES and STEELYARD-NODEPORTS that lead to it,
+// through its external, firewall, Service and local chains down to its
+// endpoint chains, whose rules above terseEndpoints carry no comment.
+func chainServices(nat *SavedTable) map[Chain]string {
+	names := map[Chain]string{}
+	// own reports whether chain c belongs to one Service port.
+	own := func(c string) bool {
+		for _, p := range []string{svcPrefix, svlPrefix, extPrefix, fwPrefix, sepPrefix} {
+			if strings.HasPrefix(c, p) {
+				return true
+			}
+		}
+		return false
+	}
+	var walk func(c Chain, name string)
+	walk = func(c Chain, name string) {
+		if _, ok := names[c]; ok {
+			return
+		}
+		names[c] = name
+		if ch := nat.Chains[c]; ch != nil {
+			for _, r := range ch.Rules {
+				if own(r.Jump) {
+					walk(Chain(r.Jump), name)
+				}
+			}
+		}
+	}
+	for _, c := range []Chain{ChainServices, ChainNodePorts} {
+		if ch := nat.Chains[c]; ch != nil {
+			for _, r := range ch.Rules {
+				if own(r.Jump) && r.Comment != "" {
+					name, _, _ := parseEntryComment(r.Comment)
+					walk(Chain(r.Jump), name)
+				}
+			}
+		}
+	}
+	return names
 }
 
 // deleteLegacyCounters deletes the per-endpoint nfacct objects an older

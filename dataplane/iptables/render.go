@@ -45,6 +45,34 @@ type Config struct {
 	// localhostCounter is the nfacct object the rules name: set by the
 	// Proxier once it exists.
 	localhostCounter string
+	// terse: the State is large (terseEndpoints), so the per-endpoint
+	// rules go without comments. Set by each render.
+	terse bool
+}
+
+// terseEndpoints is the number of endpoints above which the per-endpoint
+// rules (the split in the Service chains, the rules of the endpoint
+// chains) carry no comment, as kube-proxy's "large cluster mode"
+// does above the same count. Every comment match is a fixed 256-byte
+// xt_comment in the kernel's table, whatever its text, and iptables-legacy
+// copies and checks the whole nat table at every restore: at 1,000
+// Services x 100 endpoints the 302,000 commented rules made a one-chain
+// partial restore cost 2.3-3.1 CPU-s against 1.3-1.5 without per-endpoint
+// comments, and iptables-save 1.5 against 1.0 CPU-s
+// (docs/data/iptables-1000x100-2026-12-07). The rules of the shared
+// chains keep theirs: explain reads them, and Counts names an endpoint's
+// Service by following the jumps from them (chainServices).
+const terseEndpoints = 1000
+
+// isTerse reports whether s has more than terseEndpoints endpoints.
+func isTerse(s dataplane.State) bool {
+	n := 0
+	for i := range s.Services {
+		if n += len(s.Services[i].Backends); n > terseEndpoints {
+			return true
+		}
+	}
+	return false
 }
 
 // DefaultMasqueradeBit is the fwmark bit used when Config leaves it zero.
@@ -60,6 +88,8 @@ type Rules struct {
 	// two renders when its ServicePort did not change, which lets a partial
 	// sync skip unchanged Services without comparing their rules.
 	frags map[dataplane.ServicePortName]*fragment
+	// terse: rendered without per-endpoint comments (terseEndpoints).
+	terse bool
 }
 
 type tableRules struct {
@@ -67,14 +97,32 @@ type tableRules struct {
 	rules map[Chain][]string
 }
 
-func newRules() *Rules {
-	return &Rules{
-		tables: map[Table]*tableRules{
-			TableFilter: {rules: map[Chain][]string{}},
-			TableNAT:    {rules: map[Chain][]string{}},
-		},
-		frags: map[dataplane.ServicePortName]*fragment{},
+func newRules() *Rules { return newRulesLike(nil) }
+
+// newRulesLike returns empty Rules with room for as many chains and
+// fragments as prev holds (nil: none). A partial sync renders again a
+// ruleset about the size of the last one: growing the maps step by step
+// (rehashing 101,000 chains at 1,000 Services x 100 endpoints) was half
+// of its Go time (BenchmarkSyncPartial1kx100).
+func newRulesLike(prev *Rules) *Rules {
+	size := func(t Table) (chains int) {
+		if prev != nil {
+			return len(prev.tables[t].order)
+		}
+		return 0
 	}
+	r := &Rules{
+		tables: map[Table]*tableRules{},
+		frags:  map[dataplane.ServicePortName]*fragment{},
+	}
+	if prev != nil {
+		r.frags = make(map[dataplane.ServicePortName]*fragment, len(prev.frags))
+	}
+	for _, t := range []Table{TableFilter, TableNAT} {
+		n := size(t)
+		r.tables[t] = &tableRules{order: make([]Chain, 0, n), rules: make(map[Chain][]string, n)}
+	}
+	return r
 }
 
 // Tables returns the tables in the order they are restored.
@@ -184,7 +232,14 @@ func Render(s dataplane.State, cfg Config) *Rules {
 // that did not change (the common case of a partial sync: at 10,000
 // Services, rendering everything again costs half a second).
 func renderWith(s dataplane.State, cfg Config, prev *Rules, req dataplane.SyncRequest) *Rules {
-	r := newRules()
+	r := newRulesLike(prev)
+	cfg.terse = isTerse(s)
+	r.terse = cfg.terse
+	if prev != nil && prev.terse != r.terse {
+		// The State crossed terseEndpoints: every fragment renders
+		// again, with or without its comments.
+		prev = nil
+	}
 	mark := cfg.markMask()
 	// The family of the State: node addresses of the other one are left
 	// out (a dual-stack node runs one proxier per family).
@@ -445,10 +500,10 @@ func renderService(r *fragment, sp *dataplane.ServicePort, cfg Config) {
 					"-m", proto, "--dport", dport, "-j", "MARK", "--set-xmark", "0x0/"+cfg.markMask())...)...)
 			}
 		}
-		renderSplit(r, svc, sp, cluster)
+		renderSplit(r, svc, sp, cluster, cfg.terse)
 	}
 	if usesSVL {
-		renderSplit(r, svl, sp, local)
+		renderSplit(r, svl, sp, local, cfg.terse)
 	}
 	var used [][]dataplane.Backend
 	if usesSVC {
@@ -467,8 +522,15 @@ func renderService(r *fragment, sp *dataplane.ServicePort, cfg Config) {
 			seps[sep] = true
 			// Hairpin: a pod reaching itself through the VIP must see the node
 			// as the source, or its reply would never be un-DNATed.
-			r.add(TableNAT, sep, "-s", hostPrefix(b.IP), "-m", "comment", "--comment", iptk.Quote(name+" hairpin"), "-j", string(ChainMarkMasq))
-			dnat := []string{"-p", proto, "-m", "comment", "--comment", iptk.Quote(name)}
+			if cfg.terse {
+				r.add(TableNAT, sep, "-s", hostPrefix(b.IP), "-j", string(ChainMarkMasq))
+			} else {
+				r.add(TableNAT, sep, "-s", hostPrefix(b.IP), "-m", "comment", "--comment", iptk.Quote(name+" hairpin"), "-j", string(ChainMarkMasq))
+			}
+			dnat := []string{"-p", proto}
+			if !cfg.terse {
+				dnat = append(dnat, "-m", "comment", "--comment", iptk.Quote(name))
+			}
 			if sp.AffinitySeconds > 0 {
 				dnat = append(dnat, "-m", "recent", "--set", "--name", string(sep), "--mask", fullMask(b.IP), "--rsource")
 			}
@@ -479,15 +541,23 @@ func renderService(r *fragment, sp *dataplane.ServicePort, cfg Config) {
 
 // renderSplit writes the rules of a Service or local chain that split new
 // connections across bs by weight; with session affinity, a client seen
-// within the timeout first goes back to the endpoint it had.
-func renderSplit(r *fragment, chain Chain, sp *dataplane.ServicePort, bs []dataplane.Backend) {
+// within the timeout first goes back to the endpoint it had. terse leaves
+// out the per-endpoint comments (terseEndpoints).
+func renderSplit(r *fragment, chain Chain, sp *dataplane.ServicePort, bs []dataplane.Backend, terse bool) {
 	name := commentName(sp.Name)
+	// comment returns the comment match of a per-endpoint rule.
+	comment := func(text func() string) []string {
+		if terse {
+			return nil
+		}
+		return []string{"-m", "comment", "--comment", iptk.Quote(text())}
+	}
 	if sp.AffinitySeconds > 0 {
 		for _, b := range bs {
 			sep := EndpointChain(sp.Name, sp.VIP.Protocol, b)
-			r.add(TableNAT, chain, "-m", "comment", "--comment", iptk.Quote(fmt.Sprintf("%s -> %s affinity", name, b.Addr())),
+			r.add(TableNAT, chain, append(comment(func() string { return fmt.Sprintf("%s -> %s affinity", name, b.Addr()) }),
 				"-m", "recent", "--rcheck", "--seconds", strconv.Itoa(sp.AffinitySeconds), "--reap", "--name", string(sep),
-				"--mask", fullMask(b.IP), "--rsource", "-j", string(sep))
+				"--mask", fullMask(b.IP), "--rsource", "-j", string(sep))...)
 		}
 	}
 	if rej := sp.RejectShare(bs); rej > 0 {
@@ -501,13 +571,11 @@ func renderSplit(r *fragment, chain Chain, sp *dataplane.ServicePort, bs []datap
 	probs := Probabilities(weights)
 	for i, b := range bs {
 		sep := EndpointChain(sp.Name, sp.VIP.Protocol, b)
-		comment := iptk.Quote(fmt.Sprintf("%s -> %s weight %s", name, b.Addr(), formatWeight(b.Weight)))
+		args := comment(func() string { return fmt.Sprintf("%s -> %s weight %s", name, b.Addr(), formatWeight(b.Weight)) })
 		if i < len(bs)-1 {
-			r.add(TableNAT, chain, "-m", "comment", "--comment", comment,
-				"-m", "statistic", "--mode", "random", "--probability", FormatProbability(probs[i]), "-j", string(sep))
-		} else {
-			r.add(TableNAT, chain, "-m", "comment", "--comment", comment, "-j", string(sep))
+			args = append(args, "-m", "statistic", "--mode", "random", "--probability", FormatProbability(probs[i]))
 		}
+		r.add(TableNAT, chain, append(args, "-j", string(sep))...)
 	}
 }
 
