@@ -251,8 +251,15 @@ func (t *liveTable) split(chain string, rl rule, v *dataplane.ServiceView) bool 
 		ap    netip.AddrPort
 		chain string
 	}
-	shares := map[target]uint64{}
-	var order []target
+	// Each target's count in the order first drawn. A port has a few
+	// targets, each usually one element: a search of a slice, not a map
+	// per view (their writes alone were 0.02 s of explain's 1.4 CPU-s at
+	// 10,000 Services x 10 endpoints, a profile of five explains).
+	type count struct {
+		to target
+		n  uint64
+	}
+	var shares []count
 	var covered uint64
 	first, last := uint64(off), uint64(off)+uint64(mod)-1
 	for _, e := range wm.elems {
@@ -272,10 +279,14 @@ func (t *liveTable) split(chain string, rl rule, v *dataplane.ServiceView) bool 
 			v.Problems = append(v.Problems, fmt.Sprintf("unreadable weight element %d-%d : %s", e.lo, e.hi, e.to.text(fam{})))
 			continue
 		}
-		if _, ok := shares[to]; !ok {
-			order = append(order, to)
+		i := len(shares) - 1
+		for i >= 0 && shares[i].to != to {
+			i--
 		}
-		shares[to] += hi - lo + 1
+		if i < 0 {
+			i, shares = len(shares), append(shares, count{to: to})
+		}
+		shares[i].n += hi - lo + 1
 		covered += hi - lo + 1
 	}
 	share := func(n uint64) float64 { return dataplane.RoundShare(100 * float64(n) / float64(mod)) }
@@ -288,7 +299,9 @@ func (t *liveTable) split(chain string, rl rule, v *dataplane.ServiceView) bool 
 			v.Problems = append(v.Problems, fmt.Sprintf("%.4f%% of new connections match no weight range", 100*float64(uint64(mod)-covered)/float64(mod)))
 		}
 	}
-	for _, to := range order {
+	v.Backends = slices.Grow(v.Backends, len(shares))
+	for _, c := range shares {
+		to := c.to
 		ap, hairpin := to.ap, false
 		switch {
 		case dnat:
@@ -296,7 +309,7 @@ func (t *liveTable) split(chain string, rl rule, v *dataplane.ServiceView) bool 
 			// checks the rule that matches it).
 			hairpin = t.hairpin[newHairpinKey(ap.Addr(), proto, ap.Port())]
 		case to.chain == "":
-			v.RejectShare = share(shares[to])
+			v.RejectShare = share(c.n)
 			continue
 		default:
 			if ap, hairpin = t.endpoint(to.chain); !ap.IsValid() {
@@ -307,7 +320,7 @@ func (t *liveTable) split(chain string, rl rule, v *dataplane.ServiceView) bool 
 		if !hairpin {
 			v.Problems = append(v.Problems, "endpoint "+ap.String()+": hairpin connections are not masqueraded")
 		}
-		v.Backends = append(v.Backends, dataplane.BackendView{IP: ap.Addr().String(), Port: ap.Port(), Share: share(shares[to])})
+		v.Backends = append(v.Backends, dataplane.BackendView{IP: ap.Addr().String(), Port: ap.Port(), Share: share(c.n)})
 	}
 	return true
 }
