@@ -259,7 +259,8 @@ func (t *liveTable) split(chain string, rl rule, v *dataplane.ServiceView) bool 
 		to target
 		n  uint64
 	}
-	var shares []count
+	var buf [16]count // on the stack: most ports have no more endpoints
+	shares := buf[:0]
 	var covered uint64
 	first, last := uint64(off), uint64(off)+uint64(mod)-1
 	for _, e := range wm.elems {
