@@ -71,8 +71,9 @@ func readKernelOnce(family int) (*liveTable, error) {
 		r.table.Family, r.alen = gnft.TableFamilyIPv6, 16
 	}
 	// The hairpin set is the biggest read (100,000 elements at 10,000
-	// Services x 10 endpoints: 0.38 CPU-s, nearly all in the kernel,
-	// against 0.2 for the rules' dump), so it and the shared maps are
+	// Services x 10 endpoints: 0.39-0.42 CPU-s, 0.37-0.39 of it in the
+	// kernel, against 0.17-0.27 for the rules' dump; docs/data/
+	// explain-2026-12-07b/phases.txt), so it and the shared maps are
 	// read on a socket of their own while the rules are dumped and
 	// decoded and the weight maps read: on two idle cores the wall time
 	// is the longer of the two, not their sum. A set that is not there
