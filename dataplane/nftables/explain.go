@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 
 	"sigs.k8s.io/knftables"
 
@@ -35,7 +36,15 @@ func (p *Proxier) Explain() ([]dataplane.ServiceView, error) {
 			drops[keyOf(e.e)] = e.e.to
 		}
 	}
-	var views []dataplane.ServiceView
+	// The entry points first, then their views: each view only reads t,
+	// so two goroutines follow half the views each. Following took 0.12
+	// CPU-s per explain at 10,000 Services (a profile of five), which two
+	// idle cores do in half the wall time.
+	type entry struct {
+		m string
+		e sharedElem
+	}
+	var entries []entry
 	seen := map[elemKey]bool{}
 	for _, m := range []string{mapServiceIPs, mapServiceNodePorts, mapNoEndpointServices, mapNoEndpointNodePorts} {
 		for _, e := range t.shared[m] {
@@ -44,33 +53,51 @@ func (p *Proxier) Explain() ([]dataplane.ServiceView, error) {
 				continue // a filter element of an entry already followed
 			}
 			seen[k] = true
-			v := p.viewOf(e)
-			if v.Entry == dataplane.EntryNodePort {
-				v.NodeAddresses = nodeAddrs
-			}
-			filter, filtered := drops[k]
-			switch {
-			case m == mapNoEndpointServices || m == mapNoEndpointNodePorts:
-				// Only refused or dropped.
-				if filter.chain == chainReject || filter.chain == chainRejectShare {
-					v.Reject, v.Policy = true, ""
-				} else {
-					v.Drop, v.Policy = true, dataplane.PolicyLocal
-				}
-			case e.e.to.kind != goTo("").kind || e.e.to.chain == "":
-				v.Problems = append(v.Problems, fmt.Sprintf("unexpected map value %q", e.e.to.text(p.f)))
-			default:
-				t.follow(e.e.to.chain, &v)
-				if len(v.Backends) == 0 && filtered && filter == vDrop {
-					v.Drop = true
-				}
-				if v.RejectShare > 0 && !filtered {
-					v.Problems = append(v.Problems, fmt.Sprintf("%.4f%% of new connections leave the split without DNAT and are not refused", v.RejectShare))
-				}
-			}
-			views = append(views, v)
+			entries = append(entries, entry{m, e})
 		}
 	}
+	views := make([]dataplane.ServiceView, len(entries))
+	view := func(i int) {
+		m, e := entries[i].m, entries[i].e
+		v := p.viewOf(e)
+		if v.Entry == dataplane.EntryNodePort {
+			v.NodeAddresses = nodeAddrs
+		}
+		filter, filtered := drops[keyOf(e.e)]
+		switch {
+		case m == mapNoEndpointServices || m == mapNoEndpointNodePorts:
+			// Only refused or dropped.
+			if filter.chain == chainReject || filter.chain == chainRejectShare {
+				v.Reject, v.Policy = true, ""
+			} else {
+				v.Drop, v.Policy = true, dataplane.PolicyLocal
+			}
+		case e.e.to.kind != goTo("").kind || e.e.to.chain == "":
+			v.Problems = append(v.Problems, fmt.Sprintf("unexpected map value %q", e.e.to.text(p.f)))
+		default:
+			t.follow(e.e.to.chain, &v)
+			if len(v.Backends) == 0 && filtered && filter == vDrop {
+				v.Drop = true
+			}
+			if v.RejectShare > 0 && !filtered {
+				v.Problems = append(v.Problems, fmt.Sprintf("%.4f%% of new connections leave the split without DNAT and are not refused", v.RejectShare))
+			}
+		}
+		views[i] = v
+	}
+	var wg sync.WaitGroup
+	half := len(entries) / 2
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := half; i < len(entries); i++ {
+			view(i)
+		}
+	}()
+	for i := 0; i < half; i++ {
+		view(i)
+	}
+	wg.Wait()
 	// Masquerading happens in fixed chains every marked connection passes:
 	// without them hairpin and off-cluster connections keep their source,
 	// which no share shows, so every forwarded view carries the problem.
@@ -251,8 +278,16 @@ func (t *liveTable) split(chain string, rl rule, v *dataplane.ServiceView) bool 
 		ap    netip.AddrPort
 		chain string
 	}
-	shares := map[target]uint64{}
-	var order []target
+	// Each target's count in the order first drawn. A port has a few
+	// targets, each usually one element: a search of a slice, not a map
+	// per view (their writes alone were 0.02 s of explain's 1.4 CPU-s at
+	// 10,000 Services x 10 endpoints, a profile of five explains).
+	type count struct {
+		to target
+		n  uint64
+	}
+	var buf [16]count // on the stack: most ports have no more endpoints
+	shares := buf[:0]
 	var covered uint64
 	first, last := uint64(off), uint64(off)+uint64(mod)-1
 	for _, e := range wm.elems {
@@ -272,10 +307,14 @@ func (t *liveTable) split(chain string, rl rule, v *dataplane.ServiceView) bool 
 			v.Problems = append(v.Problems, fmt.Sprintf("unreadable weight element %d-%d : %s", e.lo, e.hi, e.to.text(fam{})))
 			continue
 		}
-		if _, ok := shares[to]; !ok {
-			order = append(order, to)
+		i := len(shares) - 1
+		for i >= 0 && shares[i].to != to {
+			i--
 		}
-		shares[to] += hi - lo + 1
+		if i < 0 {
+			i, shares = len(shares), append(shares, count{to: to})
+		}
+		shares[i].n += hi - lo + 1
 		covered += hi - lo + 1
 	}
 	share := func(n uint64) float64 { return dataplane.RoundShare(100 * float64(n) / float64(mod)) }
@@ -288,7 +327,9 @@ func (t *liveTable) split(chain string, rl rule, v *dataplane.ServiceView) bool 
 			v.Problems = append(v.Problems, fmt.Sprintf("%.4f%% of new connections match no weight range", 100*float64(uint64(mod)-covered)/float64(mod)))
 		}
 	}
-	for _, to := range order {
+	v.Backends = slices.Grow(v.Backends, len(shares))
+	for _, c := range shares {
+		to := c.to
 		ap, hairpin := to.ap, false
 		switch {
 		case dnat:
@@ -296,7 +337,7 @@ func (t *liveTable) split(chain string, rl rule, v *dataplane.ServiceView) bool 
 			// checks the rule that matches it).
 			hairpin = t.hairpin[newHairpinKey(ap.Addr(), proto, ap.Port())]
 		case to.chain == "":
-			v.RejectShare = share(shares[to])
+			v.RejectShare = share(c.n)
 			continue
 		default:
 			if ap, hairpin = t.endpoint(to.chain); !ap.IsValid() {
@@ -307,7 +348,7 @@ func (t *liveTable) split(chain string, rl rule, v *dataplane.ServiceView) bool 
 		if !hairpin {
 			v.Problems = append(v.Problems, "endpoint "+ap.String()+": hairpin connections are not masqueraded")
 		}
-		v.Backends = append(v.Backends, dataplane.BackendView{IP: ap.Addr().String(), Port: ap.Port(), Share: share(shares[to])})
+		v.Backends = append(v.Backends, dataplane.BackendView{IP: ap.Addr().String(), Port: ap.Port(), Share: share(c.n)})
 	}
 	return true
 }

@@ -70,6 +70,25 @@ func readKernelOnce(family int) (*liveTable, error) {
 	if f.v6 {
 		r.table.Family, r.alen = gnft.TableFamilyIPv6, 16
 	}
+	// The hairpin set is the biggest read (100,000 elements at 10,000
+	// Services x 10 endpoints: 0.39-0.42 CPU-s, 0.37-0.39 of it in the
+	// kernel, against 0.17-0.27 for the rules' dump; docs/data/
+	// explain-2026-12-07b/phases.txt), so it and the shared maps are
+	// read on a socket of their own while the rules are dumped and
+	// decoded and the weight maps read: on two idle cores the wall time
+	// is the longer of the two, not their sum. A set that is not there
+	// reads as none, as when the table is missing.
+	bg := newLiveTable()
+	bgDone := make(chan error, 1)
+	go func() { bgDone <- readNodeSets(f, r.alen, bg) }()
+	bgErr := func() error {
+		err, ok := <-bgDone
+		if ok {
+			close(bgDone)
+		}
+		return err
+	}
+	defer bgErr() //nolint:errcheck // only waits: never leave the reader running
 	c, err := gnft.New(gnft.AsLasting())
 	if err != nil {
 		return nil, fmt.Errorf("nftables: netlink: %w", err)
@@ -109,9 +128,13 @@ func readKernelOnce(family int) (*liveTable, error) {
 	if r.err != nil {
 		return nil, r.err
 	}
-	if err := r.readElements(t); err != nil {
+	if err := r.readWeightMaps(t); err != nil {
 		return nil, err
 	}
+	if err := bgErr(); err != nil {
+		return nil, err
+	}
+	t.shared, t.hairpin, t.nodeIPs = bg.shared, bg.hairpin, bg.nodeIPs
 	return t, r.chainsWithoutRules(t)
 }
 
@@ -127,120 +150,135 @@ func (r *kernelReader) elements(name string) ([]gnft.SetElement, error) {
 	return es, nil
 }
 
-// readElements reads the shared maps, the node's sets and every weight map
-// a rule draws from.
-func (r *kernelReader) readElements(t *liveTable) error {
-	for _, m := range []string{mapServiceIPs, mapServiceNodePorts, mapNoEndpointServices, mapNoEndpointNodePorts} {
-		es, err := r.elements(m)
-		if err != nil {
-			return err
+// readNodeSets reads into t, over a socket of its own, the shared maps
+// (with their comments, which name the Service ports), the node port
+// addresses and the hairpin set; a set that is not there reads as none.
+// Each element is decoded where it was received: a hairpin element
+// becomes its key in t.hairpin and nothing else.
+func readNodeSets(f fam, alen int, t *liveTable) error {
+	c, err := netlinkDial()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	family := byte(f.nfproto())
+	read := func(name string, fn func(*rawElem) error) error {
+		if err := eachElem(c, family, name, fn); err != nil && !isNotFound(err) {
+			return fmt.Errorf("nftables: elements of %s: %w", name, err)
 		}
-		for _, e := range es {
-			key, err := decodeSvcKey(m, e.Key, r.alen)
+		return nil
+	}
+	for _, m := range []string{mapServiceIPs, mapServiceNodePorts, mapNoEndpointServices, mapNoEndpointNodePorts} {
+		err := read(m, func(e *rawElem) error {
+			key, err := decodeSvcKey(m, e.key, alen)
 			if err != nil {
 				return err
 			}
-			to, err := decodeVerdict(e.Val)
+			to, err := decodeVerdict(e.val)
 			if err != nil {
-				return fmt.Errorf("map %s: %w", m, err)
+				return err
 			}
-			c := e.Comment
+			c := e.comment()
 			t.shared[m] = append(t.shared[m], sharedElem{elem{m: m, key: key, to: to}, &c})
+			return nil
+		})
+		if err != nil {
+			return err
 		}
 	}
-	es, err := r.elements(setNodePortIPs)
-	if err != nil {
-		return err
-	}
-	for _, e := range es {
-		if a, ok := netip.AddrFromSlice(e.Key); ok && !e.IntervalEnd {
+	err = read(setNodePortIPs, func(e *rawElem) error {
+		if a, ok := netip.AddrFromSlice(e.key); ok && !e.intervalEnd {
 			t.nodeIPs = append(t.nodeIPs, a)
 		}
-	}
-	if es, err = r.elements(setHairpin); err != nil {
-		return err
-	}
-	for _, e := range es {
-		k, err := decodeHairpinKey(e.Key, r.alen)
-		if err != nil {
-			return err
-		}
-		t.hairpin[k] = true
-	}
-	type use struct {
-		dnat  bool
-		proto uint8
-	}
-	uses := map[string]use{}
-	var names []string
-	for _, rules := range t.chains {
-		for _, rl := range rules {
-			for _, s := range rl {
-				var name string
-				var u use
-				switch x := s.(type) {
-				case numgenVmap:
-					name = x.m
-				case numgenDNAT:
-					name, u.dnat = x.m, true
-				default:
-					continue
-				}
-				if _, done := uses[name]; done || r.sets[name] == nil {
-					continue
-				}
-				if p, ok := rl[0].(l4proto); ok {
-					u.proto = uint8(p)
-				}
-				uses[name] = u
-				names = append(names, name)
-			}
-		}
-	}
-	elems, err := dumpElemsOf(byte(r.f.nfproto()), names, elemReaders)
+		return nil
+	})
 	if err != nil {
 		return err
 	}
-	for i, name := range names {
-		wm, err := decodeWeightMap(name, uses[name].dnat, uses[name].proto, r.alen, elems[i])
-		if err != nil {
-			return err
-		}
-		t.weights[name] = wm
+	// The keys first, then the map at its size: no rehashing while
+	// 100,000 keys arrive.
+	var keys []hairpinKey
+	err = read(setHairpin, func(e *rawElem) error {
+		k, err := decodeHairpinKey(e.key, alen)
+		keys = append(keys, k)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	t.hairpin = make(map[hairpinKey]bool, len(keys))
+	for _, k := range keys {
+		t.hairpin[k] = true
 	}
 	return nil
 }
 
-// decodeWeightMap reads a weight map's elements: keys "lo-hi . proto"
-// (numgen's value big endian, each field in its register), values an
-// endpoint (address, then the port in its register) or a verdict.
-func decodeWeightMap(name string, dnat bool, proto uint8, alen int, es []gnft.SetElement) (*weightMap, error) {
-	var err error
-	wm := &weightMap{dnat: dnat, proto: proto}
-	if len(es) > 0 {
-		wm.elems = make([]wmElem, 0, len(es))
-	}
-	for _, e := range es {
-		if len(e.Key) != 8 || (e.KeyEnd != nil && len(e.KeyEnd) != 8) {
-			return nil, fmt.Errorf("nftables: map %s: key of %d bytes", name, len(e.Key))
-		}
-		x := wmElem{lo: binary.BigEndian.Uint32(e.Key)}
-		x.hi = x.lo
-		if e.KeyEnd != nil {
-			x.hi = binary.BigEndian.Uint32(e.KeyEnd)
-		}
-		if dnat {
-			if len(e.Val) != alen+4 {
-				return nil, fmt.Errorf("nftables: map %s: value of %d bytes", name, len(e.Val))
+// readWeightMaps reads every weight map a rule draws from, over
+// elemReaders sockets at once, each element decoded where it was
+// received.
+func (r *kernelReader) readWeightMaps(t *liveTable) error {
+	var names []string
+	for _, rules := range t.chains {
+		for _, rl := range rules {
+			for _, s := range rl {
+				wm := &weightMap{}
+				var name string
+				switch x := s.(type) {
+				case numgenVmap:
+					name = x.m
+				case numgenDNAT:
+					name, wm.dnat = x.m, true
+				default:
+					continue
+				}
+				if _, done := t.weights[name]; done || r.sets[name] == nil {
+					continue
+				}
+				if p, ok := rl[0].(l4proto); ok {
+					wm.proto = uint8(p)
+				}
+				t.weights[name] = wm
+				names = append(names, name)
 			}
-			a, _ := netip.AddrFromSlice(e.Val[:alen])
-			x.dnat = netip.AddrPortFrom(a, binary.BigEndian.Uint16(e.Val[alen:]))
-		} else if x.to, err = decodeVerdict(e.Val); err != nil {
-			return nil, fmt.Errorf("nftables: map %s: %w", name, err)
 		}
-		wm.elems = append(wm.elems, x)
 	}
-	return wm, nil
+	wms := make([]*weightMap, len(names))
+	for i, name := range names {
+		wms[i] = t.weights[name]
+	}
+	return eachSetOf(byte(r.f.nfproto()), names, elemReaders, func(i int, e *rawElem) error {
+		x, err := decodeWeightElem(e, wms[i].dnat, r.alen)
+		if err != nil {
+			return err
+		}
+		wms[i].elems = append(wms[i].elems, x)
+		return nil
+	})
+}
+
+// decodeWeightElem reads a weight map's element: key "lo-hi . proto"
+// (numgen's value big endian, each field in its register), value an
+// endpoint (address, then the port in its register) or a verdict.
+func decodeWeightElem(e *rawElem, dnat bool, alen int) (wmElem, error) {
+	if len(e.key) != 8 || (e.keyEnd != nil && len(e.keyEnd) != 8) {
+		return wmElem{}, fmt.Errorf("key of %d bytes", len(e.key))
+	}
+	x := wmElem{lo: binary.BigEndian.Uint32(e.key)}
+	x.hi = x.lo
+	if e.keyEnd != nil {
+		x.hi = binary.BigEndian.Uint32(e.keyEnd)
+	}
+	if dnat {
+		if len(e.val) != alen+4 {
+			return wmElem{}, fmt.Errorf("value of %d bytes", len(e.val))
+		}
+		a, _ := netip.AddrFromSlice(e.val[:alen])
+		x.dnat = netip.AddrPortFrom(a, binary.BigEndian.Uint16(e.val[alen:]))
+		return x, nil
+	}
+	var err error
+	x.to, err = decodeVerdict(e.val)
+	return x, err
 }
 
 // ranges returns the prefixes of an anonymous interval set (a source
@@ -288,27 +326,37 @@ func (r *kernelReader) ranges(name string) ([]netip.Prefix, bool) {
 // names, or that Explain reads, and that exists without rules (the rule
 // dump does not show it); one lookup by name each.
 func (r *kernelReader) chainsWithoutRules(t *liveTable) error {
-	names := []string{chainNATPostrouting, chainMasquerading, chainMarkMasq}
+	// Only names without rules are collected: the verdicts name at least
+	// one chain per Service, all but a few with rules.
+	var names []string
+	need := func(n string) {
+		if _, ok := t.chains[n]; !ok && n != "" {
+			names = append(names, n)
+		}
+	}
+	for _, n := range []string{chainNATPostrouting, chainMasquerading, chainMarkMasq} {
+		need(n)
+	}
 	for _, rules := range t.chains {
 		for _, rl := range rules {
 			if v, ok := rl.verdictOf(); ok && v.chain != "" {
-				names = append(names, v.chain)
+				need(v.chain)
 			}
 		}
 	}
 	for _, es := range t.shared {
 		for _, e := range es {
-			names = append(names, e.e.to.chain)
+			need(e.e.to.chain)
 		}
 	}
 	for _, wm := range t.weights {
 		for _, e := range wm.elems {
-			names = append(names, e.to.chain)
+			need(e.to.chain)
 		}
 	}
 	for _, n := range names {
-		if _, ok := t.chains[n]; ok || n == "" {
-			continue
+		if _, ok := t.chains[n]; ok {
+			continue // named twice
 		}
 		if _, err := r.c.ListChain(r.table, n); err != nil {
 			if isNotFound(err) {

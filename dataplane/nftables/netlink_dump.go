@@ -52,6 +52,24 @@ func (c *nlConn) Close() error { return unix.Close(c.fd) }
 // get sends one request and collects the payloads of its replies, until
 // NLMSG_DONE for a dump; an NLMSG_ERROR returns its errno.
 func (c *nlConn) get(typ uint16, dump bool, family byte, as []nlAttr) ([][]byte, error) {
+	var out [][]byte
+	err := c.each(typ, dump, family, as, func(b []byte) error {
+		out = append(out, slices.Clone(b))
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// each sends one request and calls fn with the payload of each reply
+// (after the nfgenmsg header), until NLMSG_DONE for a dump; an
+// NLMSG_ERROR returns its errno, and so does fn's error, after the
+// replies are drained (the socket stays usable). The payload is the
+// receive buffer's: valid only during the call. Decoding in place,
+// without a copy of each 32 KiB message, is what the element reads do.
+func (c *nlConn) each(typ uint16, dump bool, family byte, as []nlAttr, fn func([]byte) error) error {
 	c.seq++
 	flags := uint16(unix.NLM_F_REQUEST)
 	if dump {
@@ -71,19 +89,19 @@ func (c *nlConn) get(typ uint16, dump bool, family byte, as []nlAttr) ([][]byte,
 	}
 	binary.NativeEndian.PutUint32(req[0:], uint32(len(req)))
 	if err := unix.Sendto(c.fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return nil, fmt.Errorf("netlink send: %w", err)
+		return fmt.Errorf("netlink send: %w", err)
 	}
-	var out [][]byte
+	var ferr error // fn's first error: the rest of the dump is drained
 	for {
 		n, _, err := unix.Recvfrom(c.fd, c.buf, unix.MSG_TRUNC)
 		if err == unix.EINTR {
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("netlink receive: %w", err)
+			return fmt.Errorf("netlink receive: %w", err)
 		}
 		if n > len(c.buf) {
-			return nil, fmt.Errorf("netlink receive: message of %d bytes truncated", n)
+			return fmt.Errorf("netlink receive: message of %d bytes truncated", n)
 		}
 		b := c.buf[:n]
 		for len(b) >= unix.NLMSG_HDRLEN {
@@ -92,9 +110,9 @@ func (c *nlConn) get(typ uint16, dump bool, family byte, as []nlAttr) ([][]byte,
 			mf := binary.NativeEndian.Uint16(b[6:])
 			seq := binary.NativeEndian.Uint32(b[8:])
 			if l < unix.NLMSG_HDRLEN || l > len(b) {
-				return nil, errors.New("netlink receive: bad message")
+				return errors.New("netlink receive: bad message")
 			}
-			data := b[unix.NLMSG_HDRLEN:l]
+			data := b[unix.NLMSG_HDRLEN:l:l]
 			b = b[min((l+3)&^3, len(b)):]
 			if seq != c.seq {
 				continue // an answer to an earlier request
@@ -102,19 +120,19 @@ func (c *nlConn) get(typ uint16, dump bool, family byte, as []nlAttr) ([][]byte,
 			switch {
 			case mt == unix.NLMSG_ERROR:
 				if len(data) < 4 {
-					return nil, errors.New("netlink receive: short error")
+					return errors.New("netlink receive: short error")
 				}
 				if code := int32(binary.NativeEndian.Uint32(data)); code != 0 {
-					return nil, syscall.Errno(-code)
+					return syscall.Errno(-code)
 				}
-				return out, nil
+				return ferr
 			case mt == unix.NLMSG_DONE:
-				return out, nil
-			case len(data) >= 4:
-				out = append(out, slices.Clone(data[4:]))
+				return ferr
+			case len(data) >= 4 && ferr == nil:
+				ferr = fn(data[4:])
 			}
 			if mf&unix.NLM_F_MULTI == 0 {
-				return out, nil
+				return ferr
 			}
 		}
 	}

@@ -2,7 +2,9 @@ package nftables
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 
@@ -28,30 +30,63 @@ import (
 // a loaded machine (load 15-18), where 1, 2 or 4 made no difference.
 var elemReaders = 2
 
-// dumpElems reads set's elements over c, as google/nftables' SetElement
-// (key, key end, value, interval end and comment only; a verdict value
-// is the NFTA_DATA_VERDICT attributes, as google/nftables gives it).
-func dumpElems(c *nlConn, family byte, set string) ([]gnft.SetElement, error) {
-	replies, err := c.get(uint16(unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_GETSETELEM), true, family, []nlAttr{
+// rawElem is one element of a GETSETELEM reply as the kernel sent it:
+// key, key end and value (a verdict value is the NFTA_DATA_VERDICT
+// attributes) and the comment's user data, all slices of the receive
+// buffer, valid only during the callback that gets them.
+type rawElem struct {
+	key, keyEnd, val, udata []byte
+	intervalEnd             bool
+}
+
+// comment is the element's comment ("" without one).
+func (e *rawElem) comment() string { return udataComment(e.udata) }
+
+// setElement copies e into google/nftables' type.
+func (e *rawElem) setElement() gnft.SetElement {
+	return gnft.SetElement{Key: slices.Clone(e.key), KeyEnd: slices.Clone(e.keyEnd), Val: slices.Clone(e.val),
+		IntervalEnd: e.intervalEnd, Comment: e.comment()}
+}
+
+// eachElem reads set's elements over c and calls fn with each, decoded in
+// place in the receive buffer (an error is the kernel's, the decoder's or
+// fn's, not wrapped): nothing is allocated per element but what fn
+// keeps. Explain at 10,000 Services x 10 endpoints had decoded every
+// element into a google/nftables SetElement (three byte slices each),
+// 100,000 of them for the hairpin set alone; growing their slices took
+// 0.08 s of its 1.4 CPU-s (a profile of five explains).
+func eachElem(c *nlConn, family byte, set string, fn func(*rawElem) error) error {
+	return c.each(uint16(unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_GETSETELEM), true, family, []nlAttr{
 		{unix.NFTA_SET_ELEM_LIST_TABLE, append([]byte(TableName), 0)},
 		{unix.NFTA_SET_ELEM_LIST_SET, append([]byte(set), 0)},
-	})
-	if err != nil {
-		return nil, err
-	}
+	}, func(b []byte) error { return eachElemIn(b, fn) })
+}
+
+// dumpElems reads set's elements over c, as google/nftables' SetElement
+// (key, key end, value, interval end and comment only).
+func dumpElems(c *nlConn, family byte, set string) ([]gnft.SetElement, error) {
 	var out []gnft.SetElement
-	for _, b := range replies {
-		if out, err = decodeElemList(out, b); err != nil {
-			return nil, fmt.Errorf("set %s: %w", set, err)
-		}
-	}
-	return out, nil
+	err := eachElem(c, family, set, func(e *rawElem) error {
+		out = append(out, e.setElement())
+		return nil
+	})
+	return out, err
 }
 
 // decodeElemList appends the elements of one GETSETELEM reply (its
 // attributes, after the nfgenmsg header) to out.
 func decodeElemList(out []gnft.SetElement, b []byte) ([]gnft.SetElement, error) {
-	err := eachAttr(b, func(typ uint16, list []byte) error {
+	err := eachElemIn(b, func(e *rawElem) error {
+		out = append(out, e.setElement())
+		return nil
+	})
+	return out, err
+}
+
+// eachElemIn calls fn with each element of one GETSETELEM reply.
+func eachElemIn(b []byte, fn func(*rawElem) error) error {
+	var x rawElem
+	return eachAttr(b, func(typ uint16, list []byte) error {
 		if typ != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
 			return nil
 		}
@@ -59,38 +94,37 @@ func decodeElemList(out []gnft.SetElement, b []byte) ([]gnft.SetElement, error) 
 			if typ != unix.NFTA_LIST_ELEM {
 				return nil
 			}
-			x, err := decodeElem(e)
-			out = append(out, x)
-			return err
+			x = rawElem{}
+			if err := decodeElem(e, &x); err != nil {
+				return err
+			}
+			return fn(&x)
 		})
 	})
-	return out, err
 }
 
-// decodeElem decodes one NFTA_LIST_ELEM's attributes.
-func decodeElem(b []byte) (gnft.SetElement, error) {
-	var x gnft.SetElement
-	err := eachAttr(b, func(typ uint16, v []byte) error {
+// decodeElem decodes one NFTA_LIST_ELEM's attributes into x.
+func decodeElem(b []byte, x *rawElem) error {
+	return eachAttr(b, func(typ uint16, v []byte) error {
 		switch typ {
 		case unix.NFTA_SET_ELEM_KEY:
-			x.Key = attrGet(v, unix.NFTA_DATA_VALUE)
+			x.key = attrGet(v, unix.NFTA_DATA_VALUE)
 		case gnft.NFTA_SET_ELEM_KEY_END:
-			x.KeyEnd = attrGet(v, unix.NFTA_DATA_VALUE)
+			x.keyEnd = attrGet(v, unix.NFTA_DATA_VALUE)
 		case unix.NFTA_SET_ELEM_DATA:
-			if x.Val = attrGet(v, unix.NFTA_DATA_VALUE); x.Val == nil {
-				x.Val = attrGet(v, unix.NFTA_DATA_VERDICT)
+			if x.val = attrGet(v, unix.NFTA_DATA_VALUE); x.val == nil {
+				x.val = attrGet(v, unix.NFTA_DATA_VERDICT)
 			}
 		case unix.NFTA_SET_ELEM_FLAGS:
 			if len(v) != 4 {
 				return fmt.Errorf("element flags of %d bytes", len(v))
 			}
-			x.IntervalEnd = binary.BigEndian.Uint32(v)&unix.NFT_SET_ELEM_INTERVAL_END != 0
+			x.intervalEnd = binary.BigEndian.Uint32(v)&unix.NFT_SET_ELEM_INTERVAL_END != 0
 		case unix.NFTA_SET_ELEM_USERDATA:
-			x.Comment = udataComment(v)
+			x.udata = v
 		}
 		return nil
 	})
-	return x, err
 }
 
 // udataComment is the comment in an element's user data: a list of
@@ -114,6 +148,21 @@ func udataComment(b []byte) string {
 // sockets at once; a set that is gone reads as none.
 func dumpElemsOf(family byte, names []string, readers int) ([][]gnft.SetElement, error) {
 	out := make([][]gnft.SetElement, len(names))
+	err := eachSetOf(family, names, readers, func(i int, e *rawElem) error {
+		out[i] = append(out[i], e.setElement())
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// eachSetOf reads the elements of each named set over up to readers
+// sockets at once and calls fn with each and its set's index in names
+// (calls for one set come from one goroutine, in the kernel's order; the
+// sets' calls run concurrently); a set that is gone reads as none.
+func eachSetOf(family byte, names []string, readers int, fn func(int, *rawElem) error) error {
 	readers = max(1, min(readers, len(names)))
 	errs := make([]error, readers)
 	var wg sync.WaitGroup
@@ -129,20 +178,14 @@ func dumpElemsOf(family byte, names []string, readers int) ([][]gnft.SetElement,
 			defer c.Close()
 			// Interleaved, so each socket gets as many big maps as small.
 			for i := w; i < len(names); i += readers {
-				es, err := dumpElems(c, family, names[i])
+				err := eachElem(c, family, names[i], func(e *rawElem) error { return fn(i, e) })
 				if err != nil && !isNotFound(err) {
 					errs[w] = fmt.Errorf("nftables: elements of %s: %w", names[i], err)
 					return
 				}
-				out[i] = es
 			}
 		}()
 	}
 	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
+	return errors.Join(errs...)
 }
