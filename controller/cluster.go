@@ -313,6 +313,10 @@ func (s *watchStore) Add(obj any) error { return s.Update(obj) }
 // streaming list strips what we never read before it buffers the objects.
 func (s *watchStore) Transformer() cache.TransformFunc { return stripUnread }
 
+// StripUnread is the transform the watch stores apply to each object
+// before they keep it (stripUnread), for benchmarks of a node's memory.
+func StripUnread(obj any) (any, error) { return stripUnread(obj) }
+
 // stripUnread drops the parts of an object the agent never reads before it
 // is stored: managedFields (every object the API server writes has them)
 // and kubectl's last-applied copy of the whole object. Kept, they are most
