@@ -75,6 +75,7 @@ func TestHealthCheckNodePorts(t *testing.T) {
 	if code != http.StatusOK || body.LocalEndpoints != 2 || body.Service.Namespace != "demo" || body.Service.Name != "web" || !body.ServiceProxyHealthy {
 		t.Errorf("with 2 local endpoints: %d %+v", code, body)
 	}
+	sp.Detach() // a dataplane's record would share the synced Backends
 	for i := range sp.Backends {
 		sp.Backends[i].Local = false
 	}

@@ -99,6 +99,7 @@ func kernelChangeToMap(t *testing.T) {
 	for i := range 80 {
 		// Each order gets new addresses and the original back in turn.
 		nftFirst = (i/2)%2 == 0
+		sp.Detach() // the record shares the synced Backends
 		if i%2 == 0 {
 			sp.Backends[3].IP = netip.AddrFrom4([4]byte{198, 19, 255, byte(1 + i)})
 		} else {

@@ -96,6 +96,7 @@ func benchChangeToMap(b *testing.B, n int, counting bool) {
 	for b.Loop() {
 		// A new address for endpoint 3, then the original again.
 		k++
+		sp.Detach() // the record shares the synced Backends
 		if k%2 == 1 {
 			sp.Backends[3].IP = netip.AddrFrom4([4]byte{198, 19, 255, byte(1 + k%200)})
 		} else {

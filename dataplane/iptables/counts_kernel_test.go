@@ -115,6 +115,7 @@ func endpointCounts(t *testing.T, mode Mode) error {
 	// repairs a flushed STEELYARD-SERVICES: three restores that leave the
 	// counted endpoint chains alone.
 	changed := dataplane.SyncRequest{Changed: map[dataplane.ServiceName]bool{other.Name.Service(): true}}
+	other.Detach() // the record shares the synced Backends
 	other.Backends[0].Weight = 2
 	if err := sync(changed); err != nil {
 		return err

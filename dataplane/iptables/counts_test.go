@@ -78,6 +78,7 @@ func TestEndpointCounts(t *testing.T) {
 	// A weight change rewrites the split chain only; a full resync after
 	// a flush of the Service chain rewrites that; a new Proxier (an agent
 	// restart) finds every chain in place. The counts stay.
+	web.Detach() // the record shares the synced Backends
 	web.Backends[0].Weight = 50
 	sync(dataplane.PartialSync, web)
 	if err := f.Restore([]byte("*nat\n-F STEELYARD-SERVICES\nCOMMIT\n")); err != nil {

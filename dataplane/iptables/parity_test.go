@@ -340,6 +340,8 @@ func TestDualStackOneSyncPerFamily(t *testing.T) {
 	}
 	// A failing IPv6 restore leaves IPv4 applied and is reported.
 	f6.RestoreErr = errFake
+	v4.Detach() // the records share the synced Backends
+	v6.Detach()
 	v4.Backends[0].Weight = 30
 	v6.Backends[0].Weight = 30
 	if _, err := d.Sync(dataplane.State{Services: []dataplane.ServicePort{v4, v6}}, dataplane.FullSync); err == nil || !strings.Contains(err.Error(), "IPv6") {

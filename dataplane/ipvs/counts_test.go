@@ -43,6 +43,7 @@ func TestCounts(t *testing.T) {
 		}
 	}
 	check("after traffic", 11, 99)
+	web.Detach() // the record shares the synced Backends
 	web.Backends[0].Weight = 50
 	k.sync(t, state(web), false)
 	check("after a weight change", 11, 99)

@@ -128,6 +128,7 @@ UDP 198.18.0.53:53 wrr
 	// is not even read back on a partial Sync.
 	before := maps(k.ipvs.DestWrites)
 	writes := k.ipvs.Writes
+	web.Detach() // the record shares the synced Backends
 	web.Backends[1].Weight = 30
 	k.sync(t, state(web, dns), false)
 	if k.ipvs.Writes != writes+1 {

@@ -37,6 +37,7 @@ func BenchmarkPartialSync(b *testing.B) {
 	}
 	i := 0
 	for b.Loop() {
+		s.Services[5000].Detach() // the Proxier's record shares the old ones
 		s.Services[5000].Backends[3].Weight = float64(1 + i%2*7)
 		i++
 		if _, err := p.Sync(s, dataplane.PartialSync); err != nil {
@@ -83,6 +84,7 @@ func BenchmarkRenderPartial(b *testing.B) {
 	}
 	i := 0
 	for b.Loop() {
+		s.Services[5000].Detach() // the Proxier's record shares the old ones
 		s.Services[5000].Backends[3].Weight = float64(1 + i%2*7)
 		i++
 		if _, err := p.Sync(s, dataplane.PartialSync); err != nil {
@@ -108,6 +110,7 @@ func BenchmarkRenderChanged(b *testing.B) {
 	var ru0, ru1 syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
 	for b.Loop() {
+		s.Services[5000].Detach() // the Proxier's record shares the old ones
 		s.Services[5000].Backends[3].Weight = float64(1 + i%2*7)
 		i++
 		if _, err := p.Sync(s, req); err != nil {

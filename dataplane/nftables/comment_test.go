@@ -73,6 +73,7 @@ func TestLongNamesFitNft(t *testing.T) {
 		t.Errorf("verify disagrees:\n%s", strings.Join(diff, "\n"))
 	}
 	// A partial sync of a weight change keeps working.
+	s.Services[0].Detach() // the record shares the synced Backends
 	s.Services[0].Backends[0].Weight = 2
 	if _, err := p.Sync(s, dataplane.SyncRequest{Changed: map[dataplane.ServiceName]bool{sp.Name.Service(): true}}); err != nil {
 		t.Fatal(err)

@@ -93,6 +93,7 @@ func netlinkStates() [][]dataplane.State {
 			var s dataplane.State
 			for i, sp := range base {
 				c := *sp.Clone()
+				c.Detach()
 				m := muts[k]
 				if i > j && k > 0 {
 					m = muts[k-1]

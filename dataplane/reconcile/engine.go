@@ -274,6 +274,12 @@ func (e *Engine) Sync(s dataplane.State, req dataplane.SyncRequest, ops Ops) (Re
 	}
 	ops.Done(full)
 	e.synced = true
+	if len(e.status) == 0 {
+		// Sized for every port of a full Sync and emptied by the commits:
+		// a new map lets the buckets go (1.6 MiB after a first sync of
+		// 10,000 Services, BenchmarkHeapAfterFirstSync10kx10).
+		e.status = map[dataplane.ServicePortName]Status{}
+	}
 	return Result{Full: full, Written: len(todo)}, nil
 }
 
