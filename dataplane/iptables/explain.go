@@ -110,6 +110,7 @@ func Views(rs *Ruleset) ([]dataplane.ServiceView, error) {
 	collect(TableNAT, ChainNodePorts)
 
 	postrouting := map[uint32]bool{}
+	reach := rs.NewReach(TableNAT)
 	views := make([]dataplane.ServiceView, 0, len(order))
 	for _, k := range order {
 		e := entries[k]
@@ -179,7 +180,7 @@ func Views(rs *Ruleset) ([]dataplane.ServiceView, error) {
 			}
 		}
 		if e.kind == dataplane.EntryClusterIP && len(v.Backends) > 0 && target != "" {
-			probs, err := checkHairpin(rs, target, p, v.Backends, postrouting)
+			probs, err := checkHairpin(rs, reach, target, p, v.Backends, postrouting)
 			if err != nil {
 				return nil, fmt.Errorf("explain %s: %w", v.Service, err)
 			}
@@ -350,10 +351,12 @@ func traceIfPresent(rs *Ruleset, t Table, c Chain, p Packet) ([]Outcome, error) 
 
 // checkHairpin traces a new connection from each backend to its own VIP,
 // starting at the Service chain (not PREROUTING, which would cost a walk
-// of every Service per backend), and checks that the connection that lands
+// of every Service per backend) and entering only the chains that can
+// lead back to the backend (reach: not every endpoint chain per backend,
+// m^2 per Service), and checks that the connection that lands
 // back on the backend leaves POSTROUTING masqueraded: without that, the
 // pod would answer itself and the connection would hang.
-func checkHairpin(rs *Ruleset, svc Chain, p Packet, backends []dataplane.BackendView, masq map[uint32]bool) ([]string, error) {
+func checkHairpin(rs *Ruleset, reach *Reach, svc Chain, p Packet, backends []dataplane.BackendView, masq map[uint32]bool) ([]string, error) {
 	var problems []string
 	for _, b := range backends {
 		src, err := netip.ParseAddr(b.IP)
@@ -362,7 +365,7 @@ func checkHairpin(rs *Ruleset, svc Chain, p Packet, backends []dataplane.Backend
 		}
 		hp := p
 		hp.Src = src
-		outs, err := rs.Trace(TableNAT, svc, hp)
+		outs, err := reach.TraceTo(svc, hp, src)
 		if err != nil {
 			return nil, err
 		}

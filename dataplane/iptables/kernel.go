@@ -34,6 +34,8 @@ type (
 	Outcome = iptk.Outcome
 	// TraceInfo is what a trace saw besides outcomes.
 	TraceInfo = iptk.TraceInfo
+	// Reach tells which DNAT destinations a chain can lead to.
+	Reach = iptk.Reach
 )
 
 // The iptables flavours, tables and steelyard's chain prefix.

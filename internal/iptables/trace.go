@@ -71,6 +71,9 @@ type tracer struct {
 	rs    *Ruleset
 	table Table
 	info  TraceInfo
+	// skip, when set, tells which user chains a jump does not enter: the
+	// share that jumps there ends without an outcome (Reach.TraceTo).
+	skip func(r *Rule, p Packet) bool
 }
 
 // branch is a share of the walk that is still going: the mark so far and
@@ -88,7 +91,9 @@ func (tr *tracer) walk(c Chain, in branch, p Packet, depth int) (terms []Outcome
 	if ch == nil {
 		return nil, nil, fmt.Errorf("trace: chain %s missing from table %s", c, tr.table)
 	}
-	cur := []branch{in}
+	// cur and spare swap at each rule that splits the walk, so a long
+	// chain allocates two slices instead of one per rule.
+	cur, spare := []branch{in}, []branch(nil)
 	for _, r := range ch.Rules {
 		if r.Recent != nil && r.Recent.Check && len(r.Unknown) == 0 && slices.ContainsFunc(cur, func(b branch) bool { return b.mass > 0 }) {
 			tr.info.AffinitySeconds = max(tr.info.AffinitySeconds, r.Recent.Seconds)
@@ -98,7 +103,7 @@ func (tr *tracer) walk(c Chain, in branch, p Packet, depth int) (terms []Outcome
 		if !slices.ContainsFunc(cur, func(b branch) bool { return b.mass > 0 && r.matches(p, b.mark) }) {
 			continue
 		}
-		var next []branch
+		next := spare[:0]
 		for _, b := range cur {
 			if b.mass == 0 {
 				continue
@@ -124,7 +129,7 @@ func (tr *tracer) walk(c Chain, in branch, p Packet, depth int) (terms []Outcome
 				}
 			}
 		}
-		cur = mergeBranches(next)
+		cur, spare = mergeBranches(next), cur
 	}
 	if BuiltinChain(c) {
 		for _, b := range cur {
@@ -164,6 +169,9 @@ func (tr *tracer) target(r *Rule, b branch, p Packet, depth int) ([]Outcome, []c
 		return nil, []continuation{{branch: b}}, nil
 	case "LOG", "CT", "CONNMARK", "NOTRACK":
 		return nil, []continuation{{branch: b}}, nil
+	}
+	if tr.skip != nil && tr.skip(r, p) {
+		return nil, nil, nil
 	}
 	terms, rets, err := tr.walk(Chain(r.Jump), b, p, depth+1)
 	if err != nil {
@@ -211,9 +219,26 @@ func (r *Rule) matches(p Packet, mark uint32) bool {
 	return true
 }
 
+// mergeBranches adds up the branches with the same mark, in the order
+// the marks first appear. A walk carries one or two marks, so up to 8
+// branches merge in place, without a map.
 func mergeBranches(bs []branch) []branch {
 	if len(bs) < 2 {
 		return bs
+	}
+	if len(bs) <= 8 {
+		out := bs[:0]
+	next:
+		for _, b := range bs {
+			for j := range out {
+				if out[j].mark == b.mark {
+					out[j].mass += b.mass
+					continue next
+				}
+			}
+			out = append(out, b)
+		}
+		return out
 	}
 	byMark := map[uint32]float64{}
 	var order []uint32
