@@ -8,6 +8,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -224,18 +225,41 @@ func TestTrafficFigures(t *testing.T) {
 
 // fakeRequester takes 5 ms through the VIP (answering as backend b) and
 // 15 ms direct, where every third request fails.
-type fakeRequester struct{ n int }
+// fakeRequester takes 5 ms of virtual time per VIP request and 15 ms per
+// direct one, every third of which is refused.
+type fakeRequester struct {
+	n   int
+	clk *virtualClock
+}
 
 func (f *fakeRequester) request(vip bool) (byte, error) {
 	if vip {
-		time.Sleep(5 * time.Millisecond)
+		f.clk.advance(5 * time.Millisecond)
 		return 'b', nil
 	}
-	time.Sleep(15 * time.Millisecond)
+	f.clk.advance(15 * time.Millisecond)
 	if f.n++; f.n%3 == 0 {
 		return 0, errors.New("refused")
 	}
 	return 0, nil
+}
+
+// virtualClock is a clock that moves only when told.
+type virtualClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *virtualClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *virtualClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
 }
 
 func (*fakeRequester) close() {}
@@ -244,8 +268,13 @@ func (*fakeRequester) close() {}
 // took, so a path three times as slow shows a third of the rate although both made the
 // same number of requests.
 func TestPairedRates(t *testing.T) {
+	// One worker on a virtual clock: the rates are exact, whatever the
+	// machine's load (with real sleeps the ratio fell to 0.62 once).
+	clk := &virtualClock{t: time.Unix(1000, 0)}
+	pairedClock = clk.now
+	defer func() { pairedClock = time.Now }()
 	ids := map[string]int{}
-	vip, direct := pairedRates(func() requester { return &fakeRequester{} }, 2, 500*time.Millisecond, ids)
+	vip, direct := pairedRates(func() requester { return &fakeRequester{clk: clk} }, 1, 500*time.Millisecond, ids)
 	if vip.Requests == 0 || vip.Errors != 0 || ids["b"] != vip.Requests {
 		t.Fatalf("VIP %+v, IDs %v", vip, ids)
 	}
@@ -255,10 +284,10 @@ func TestPairedRates(t *testing.T) {
 	// Sleeps overshoot by some ms on a loaded machine: the slower path
 	// shows the lower rate, and the paths share the 0.5 s of wall time.
 	attempts := float64(direct.Requests+direct.Errors) / direct.Seconds
-	if r := ratio(vip.perSecond(), attempts); r < 1.2 {
-		t.Errorf("VIP %.0f/s vs direct %.0f attempts/s: ratio %.2f, want about 3 (at least 1.2)", vip.perSecond(), attempts, r)
+	if r := ratio(vip.perSecond(), attempts); r < 2.99 || r > 3.01 {
+		t.Errorf("VIP %.0f/s vs direct %.0f attempts/s: ratio %.2f, want 3", vip.perSecond(), attempts, r)
 	}
-	if sum := vip.Seconds + direct.Seconds; sum < 0.35 || sum > 0.8 {
-		t.Errorf("VIP %.3f s + direct %.3f s = %.3f s, want about 0.5 s", vip.Seconds, direct.Seconds, sum)
+	if sum := vip.Seconds + direct.Seconds; sum < 0.5 || sum > 0.52 {
+		t.Errorf("VIP %.3f s + direct %.3f s = %.3f s, want 0.5 s (and one last round)", vip.Seconds, direct.Seconds, sum)
 	}
 }

@@ -192,12 +192,17 @@ type requester interface {
 // their number, so the two rates share the wall time and every moment's
 // load on the machine. ids, when not nil, counts the backend IDs of the
 // VIP's answers.
+// pairedClock is pairedRates' clock: the wall clock, a virtual one in the
+// unit test (real sleeps overshoot on a loaded machine, and the test's
+// ratio with them).
+var pairedClock = time.Now
+
 func pairedRates(newWorker func() requester, workers int, d time.Duration, ids map[string]int) (vip, direct rate) {
 	var (
 		mu sync.Mutex
 		wg sync.WaitGroup
 	)
-	end := time.Now().Add(d)
+	end := pairedClock().Add(d)
 	for range workers {
 		wg.Go(func() {
 			var r [2]rate // direct, VIP
@@ -205,12 +210,12 @@ func pairedRates(newWorker func() requester, workers int, d time.Duration, ids m
 			seen := map[byte]int{}
 			req := newWorker()
 			defer req.close()
-			for i := 0; time.Now().Before(end); i++ {
+			for i := 0; pairedClock().Before(end); i++ {
 				for k := range 2 {
 					path := (i + k) % 2 // 1: VIP
-					t := time.Now()
+					t := pairedClock()
 					id, err := req.request(path == 1)
-					took := time.Since(t)
+					took := pairedClock().Sub(t)
 					spent[path] += took
 					r[path].MaxSeconds = max(r[path].MaxSeconds, took.Seconds())
 					if took > slowRequest {
