@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the IPVS VM harness needs on a Debian/Ubuntu host: qemu,
 # Debian's cloud kernel (IPVS as modules), busybox-static for the guest's
-# userland, ipvsadm, ipset and iptables (copied into the guest with their
-# libraries), kmod (depmod) and cpio. The host's running kernel is not
+# userland, ipvsadm, ipset, iptables, nft, conntrack and bpftool (copied
+# into the guest with their libraries), kmod (depmod) and cpio. The host's running kernel is not
 # touched: the cloud kernel is only booted inside qemu. Runs as root when
 # something is missing; scripts/install-deps.sh does the installing.
 set -euo pipefail
@@ -17,6 +17,9 @@ command -v ipset >/dev/null 2>&1 || [ -x /usr/sbin/ipset ] || need+=(ipset)
 command -v depmod >/dev/null 2>&1 || [ -x /usr/sbin/depmod ] || need+=(kmod)
 command -v cpio >/dev/null 2>&1 || need+=(cpio)
 [ -x /usr/sbin/nft ] || need+=(nftables)
+# The ebpf rows of test/e2e in the guest (scripts/vm/test-ebpf.sh).
+[ -x /usr/sbin/conntrack ] || need+=(conntrack)
+[ -x /usr/sbin/bpftool ] || need+=(bpftool)
 command -v file >/dev/null 2>&1 || need+=(file)
 
 # The apt logic (root check, apt-get update/install) is scripts/install-deps.sh's.

@@ -7,7 +7,8 @@
 #   scripts/vm/run.sh [--timeout SECONDS] [--add HOST_PATH:GUEST_PATH]... -- COMMAND [ARGS...]
 #
 # The guest has busybox, iproute2's ip, ipvsadm, ipset, iptables and
-# ip6tables (legacy), nft, the IPVS, conntrack, NAT (both families), ipset,
+# ip6tables (legacy), nft, conntrack, bpftool, cgroup2 on /sys/fs/cgroup,
+# a bpffs on /sys/fs/bpf, the IPVS, conntrack, NAT (both families), ipset,
 # nf_tables, SCTP (sctp, xt_sctp), veth and dummy modules (loaded at boot;
 # IPv6 itself is built into the kernel),
 # and every --add file. COMMAND runs as root in /work with PATH set; /tmp is
@@ -61,7 +62,10 @@ modules=(ip_vs ip_vs_rr ip_vs_wrr ip_vs_lc ip_vs_wlc ip_vs_sh ip_vs_mh nf_conntr
 # nf_tables itself. The host kernel never loads any of these.
 # setpriv: test/ipvs/capabilities_test.go runs the agent with a bounding set.
 # nft: test/ipvs/nftables_stale_test.go (the nftables mode on a 6.1 kernel).
-tools=(/usr/sbin/ipvsadm /usr/sbin/ipset /usr/sbin/xtables-legacy-multi /usr/bin/ip /sbin/ip /bin/ip /usr/bin/setpriv /usr/sbin/nft)
+# conntrack, bpftool: the ebpf rows of test/e2e (scripts/vm/test-ebpf.sh)
+# look for the VIP in conntrack and list the programs of their cgroup.
+tools=(/usr/sbin/ipvsadm /usr/sbin/ipset /usr/sbin/xtables-legacy-multi /usr/bin/ip /sbin/ip /bin/ip /usr/bin/setpriv /usr/sbin/nft
+	/usr/sbin/conntrack /usr/sbin/bpftool)
 
 build_base() {
 	local root
@@ -136,6 +140,10 @@ export PATH=/usr/sbin:/usr/bin:/sbin:/bin:/busybox
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
+# The ebpf mode: cgroup v2 as the only hierarchy (its socket programs
+# attach to a sub-cgroup the suite makes) and a bpffs for the pins.
+mount -t cgroup2 none /sys/fs/cgroup
+mount -t bpf bpf /sys/fs/bpf
 mount -t tmpfs tmpfs /tmp
 mount -t tmpfs tmpfs /run
 ip link set lo up

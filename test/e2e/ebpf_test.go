@@ -35,17 +35,25 @@ import (
 // /proc/<pid>/root);
 // each case's fixture removes every pin when it ends (the programs detach
 // with their last link), and TestMain unmounts and removes both at the end.
-const (
-	cgroupUnified = "/sys/fs/cgroup/unified"
-	cgroupPrefix  = "steelyard-e2e-"
-)
+const cgroupPrefix = "steelyard-e2e-"
 
-var ebpfPins string
+var (
+	ebpfPins string
+	// cgroupUnified is the cgroup2 mount (sandbox.UnifiedRoot): this
+	// host's hybrid /sys/fs/cgroup/unified, or /sys/fs/cgroup in the VM
+	// (`make ebpf-vm`, Debian's 6.1 kernel).
+	cgroupUnified string
+)
 
 // setupEBPF creates the sub-cgroup and the bpffs, moves the test process
 // in, and sets the ebpf mode's arguments; the returned function undoes it
 // all.
 func setupEBPF() (func(), error) {
+	root, err := sandbox.UnifiedRoot()
+	if err != nil {
+		return nil, fmt.Errorf("ebpf: %w", err)
+	}
+	cgroupUnified = root
 	removeDeadCgroups()
 	cg := filepath.Join(cgroupUnified, fmt.Sprintf("%s%d", cgroupPrefix, os.Getpid()))
 	if err := os.Mkdir(cg, 0o755); err != nil {
