@@ -313,15 +313,20 @@ func managedFieldsOf(manager string) []metav1.ManagedFieldsEntry {
 	}}
 }
 
-func newAPIObjects(tb testing.TB, n int) *apiObjects {
+// protobufEncoder encodes an object as the API server sends it.
+func protobufEncoder(tb testing.TB) func(k8sruntime.Object) []byte {
 	ser := protobuf.NewSerializer(scheme.Scheme, scheme.Scheme)
-	enc := func(obj k8sruntime.Object) []byte {
+	return func(obj k8sruntime.Object) []byte {
 		data, err := k8sruntime.Encode(scheme.Codecs.EncoderForVersion(ser, obj.GetObjectKind().GroupVersionKind().GroupVersion()), obj)
 		if err != nil {
 			tb.Fatal(err)
 		}
 		return data
 	}
+}
+
+func newAPIObjects(tb testing.TB, n int) *apiObjects {
+	enc := protobufEncoder(tb)
 	o := &apiObjects{}
 	single := corev1.IPFamilyPolicySingleStack
 	cluster := corev1.ServiceInternalTrafficPolicyCluster

@@ -11,7 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -74,14 +73,7 @@ func benchMemory(b *testing.B, objs *apiObjects) {
 // newSeededObjects encodes n Services x 10 endpoints as bench-k8s seeds
 // them (test/bench/k8s seed.go).
 func newSeededObjects(tb testing.TB, n int) *apiObjects {
-	ser := protobuf.NewSerializer(scheme.Scheme, scheme.Scheme)
-	enc := func(obj k8sruntime.Object) []byte {
-		data, err := k8sruntime.Encode(scheme.Codecs.EncoderForVersion(ser, obj.GetObjectKind().GroupVersionKind().GroupVersion()), obj)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		return data
-	}
+	enc := protobufEncoder(tb)
 	o := &apiObjects{}
 	created := metav1.NewTime(time.Date(2026, 12, 6, 23, 50, 30, 0, time.UTC))
 	single := corev1.IPFamilyPolicySingleStack
