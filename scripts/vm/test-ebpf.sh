@@ -11,12 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 GO=${GO:-go}
 
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
-start=$(date +%s.%N)
-CGO_ENABLED=0 $GO build -trimpath -o "$out/steelyard" ./cmd/steelyard
-CGO_ENABLED=0 $GO test -c -tags e2e -o "$out/e2e.test" ./test/e2e/
-echo "test-ebpf: binaries built in $(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $start}") s" >&2
+. scripts/vm/binaries.sh # after the cd above: paths from the repository root
+vm_binaries e2e e2e ./test/e2e/
 
 if [ $# -eq 0 ]; then
 	set -- -test.run '^TestKernel$/./^ebpf$'

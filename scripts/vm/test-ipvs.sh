@@ -8,12 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 GO=${GO:-go}
 
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
-start=$(date +%s.%N)
-CGO_ENABLED=0 $GO build -trimpath -o "$out/steelyard" ./cmd/steelyard
-CGO_ENABLED=0 $GO test -c -tags ipvsvm -o "$out/ipvs.test" ./test/ipvs/
-echo "test-ipvs: binaries built in $(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $start}") s" >&2
+. scripts/vm/binaries.sh # after the cd above: paths from the repository root
+vm_binaries ipvs ipvsvm ./test/ipvs/
 
 adds=(--add "$out/steelyard:/work/steelyard" --add "$out/ipvs.test:/work/ipvs.test")
 for f in examples/*.yaml; do
