@@ -11,10 +11,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/steelyard-net/steelyard/controller"
 )
@@ -119,25 +117,5 @@ func newSeededObjects(tb testing.TB, n int) *apiObjects {
 // decodeStripped decodes the objects as the clientset does and strips
 // them as the watch stores do before handing them to the tracker.
 func decodeStripped(tb testing.TB, o *apiObjects, tr *controller.ChangeTracker) *clusterSnapshot {
-	dec := protobuf.NewSerializer(scheme.Scheme, scheme.Scheme)
-	src := &clusterSnapshot{svcs: make([]*corev1.Service, 0, len(o.svcs)), slices: make([]*discoveryv1.EndpointSlice, 0, len(o.slices))}
-	for _, data := range o.svcs {
-		s := &corev1.Service{}
-		if _, _, err := dec.Decode(data, nil, s); err != nil {
-			tb.Fatal(err)
-		}
-		controller.StripUnread(s) //nolint:errcheck
-		tr.ServiceChanged(nil, s)
-		src.svcs = append(src.svcs, s)
-	}
-	for _, data := range o.slices {
-		s := &discoveryv1.EndpointSlice{}
-		if _, _, err := dec.Decode(data, nil, s); err != nil {
-			tb.Fatal(err)
-		}
-		controller.StripUnread(s) //nolint:errcheck
-		tr.SliceChanged(nil, s)
-		src.slices = append(src.slices, s)
-	}
-	return src
+	return o.decode(tb, tr, func(obj any) { controller.StripUnread(obj) }) //nolint:errcheck
 }
