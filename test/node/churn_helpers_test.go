@@ -42,6 +42,27 @@ type churnResult struct {
 	load         string   // /proc/loadavg at the start and the end
 }
 
+// failedMsg is the failure line of a run with failures: counts, the first
+// failures and the events of the 10 s before the first one. It goes into
+// the t.Errorf itself because CI summaries keep only a test's last lines.
+func (r churnResult) failedMsg() string {
+	msg := fmt.Sprintf("%d of %d connections failed: %v (load %s)", r.failed, r.total, r.classes, r.load)
+	if len(r.failures) == 0 {
+		return msg
+	}
+	msg += "; first: " + strings.Join(r.failures[:min(3, len(r.failures))], " | ")
+	var first float64
+	fmt.Sscanf(r.failures[0], "%fs:", &first)
+	var near []string
+	for _, e := range r.events {
+		var at float64
+		if _, err := fmt.Sscanf(e, "%fs:", &at); err == nil && at >= first-10 && at <= first+1 {
+			near = append(near, e)
+		}
+	}
+	return msg + "; events before it: " + strings.Join(near, " | ")
+}
+
 func loadavg() string {
 	b, err := os.ReadFile("/proc/loadavg")
 	if err != nil {

@@ -404,7 +404,7 @@ func TestScaleChurnZeroFailures(t *testing.T) {
 	res := churn{name: "churn", lo: 5, hi: 7, duration: 2 * time.Minute,
 		period: func(i int) time.Duration { return time.Duration(10000+(i%3)*1000) * time.Millisecond }}.run(t)
 	if res.failed != 0 {
-		t.Errorf("%d of %d connections failed: %v", res.failed, res.total, res.classes)
+		t.Error(res.failedMsg())
 	}
 }
 
@@ -416,7 +416,7 @@ func TestScaleChurnHalfEvery8s(t *testing.T) {
 	res := churn{name: "churn8", lo: 3, hi: 6, duration: 2 * time.Minute,
 		period: func(int) time.Duration { return 8 * time.Second }}.run(t)
 	if res.failed != 0 {
-		t.Errorf("%d of %d connections failed: %v", res.failed, res.total, res.classes)
+		t.Error(res.failedMsg())
 	}
 }
 
