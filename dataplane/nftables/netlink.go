@@ -217,16 +217,16 @@ func (w *netlinkWriter) set(c *gnft.Conn, verb byte, name string) error {
 // element queues one typed element.
 func (w *netlinkWriter) element(c *gnft.Conn, verb byte, e setElem) error {
 	name, isMap := e.set()
-	el, err := e.netlink(w.f, verb == 'a')
+	els, err := e.netlink(w.f, verb == 'a')
 	if err != nil {
 		return err
 	}
 	s := &gnft.Set{Table: w.table, Name: name, IsMap: isMap}
 	switch verb {
 	case 'a':
-		return c.SetAddElements(s, []gnft.SetElement{el})
+		return c.SetAddElements(s, els)
 	case 'd':
-		return c.SetDeleteElements(s, []gnft.SetElement{el})
+		return c.SetDeleteElements(s, els)
 	}
 	return errUnsupported{"element flush"}
 }

@@ -1,0 +1,78 @@
+//go:build e2e
+
+package nftables
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/steelyard-net/steelyard/dataplane"
+	"github.com/steelyard-net/steelyard/dataplane/dataplanetest"
+)
+
+// BenchmarkKernelChange is the kernel's side of issue 21's flat change
+// latency, in a sandbox's node namespace: after a first sync of
+// STEELYARD_CHANGE_SERVICES (10,000 when unset) x 10 endpoints,
+// STEELYARD_CHANGE_COUNT (200) partial syncs each change one endpoint's
+// weight of a Service spread over the table (its port's ranges all move),
+// every one over netlink. It logs the CPU per change (user + system of
+// the process: the kernel applies a netlink batch in the sender's
+// sendmsg, so its commit is in the system time) and the p50/p99 of a
+// sync's wall time.
+func BenchmarkKernelChange(b *testing.B) {
+	benchInSandbox(b, kernelChange, "STEELYARD_CHANGE_SERVICES", "STEELYARD_CHANGE_COUNT")
+}
+
+func kernelChange(t testing.TB) {
+	count, changes := 10000, 200
+	for k, v := range map[string]*int{"STEELYARD_CHANGE_SERVICES": &count, "STEELYARD_CHANGE_COUNT": &changes} {
+		if s := os.Getenv(k); s != "" {
+			if _, err := fmt.Sscan(s, v); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	s := dataplanetest.Synthetic(count, 10)
+	s.Sort()
+	p, err := NewKernel(testCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Cleanup() //nolint:errcheck
+	if _, err := p.Sync(s, dataplane.FullSync); err != nil {
+		t.Fatal(err)
+	}
+	cpu := func() (user, sys float64) {
+		var r syscall.Rusage
+		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &r)
+		return float64(r.Utime.Sec) + float64(r.Utime.Usec)/1e6, float64(r.Stime.Sec) + float64(r.Stime.Usec)/1e6
+	}
+	walls := make([]time.Duration, 0, changes)
+	u0, s0 := cpu()
+	for i := range changes {
+		sp := &s.Services[(i*7919)%len(s.Services)]
+		sp.Detach() // the Proxier's record shares the old ones
+		sp.Backends[3].Weight = float64(1 + (i/len(s.Services)+1)%2*7)
+		req := dataplane.SyncRequest{Changed: map[dataplane.ServiceName]bool{sp.Name.Service(): true}}
+		start := time.Now()
+		if _, err := p.Sync(s, req); err != nil {
+			t.Fatal(err)
+		}
+		walls = append(walls, time.Since(start))
+		if !p.lastNetlink {
+			t.Fatalf("change %d did not go over netlink", i)
+		}
+	}
+	u1, s1 := cpu()
+	slices.Sort(walls)
+	q := func(f float64) float64 { return walls[int(f*float64(len(walls)-1))].Seconds() * 1000 }
+	load, _ := os.ReadFile("/proc/loadavg")
+	t.Logf("%d changes at %d x 10: CPU per change %.2f ms (user %.2f, system %.2f), wall p50 %.2f ms, p99 %.2f ms; load %s",
+		changes, count, (u1-u0+s1-s0)/float64(changes)*1000, (u1-u0)/float64(changes)*1000, (s1-s0)/float64(changes)*1000,
+		q(0.5), q(0.99), strings.Join(strings.Fields(string(load))[:3], " "))
+}
