@@ -5,7 +5,9 @@ package nftables
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -28,8 +30,10 @@ import (
 // CPU of nft included: five syncs of 40 Services changed at once (past
 // maxNetlinkOps), and a restart's full sync (a new Proxier on the table,
 // which flushes the shared maps it writes and puts every element back).
+// STEELYARD_CHANGE_PERF names a file for "perf record -g" of the process
+// during the single changes only.
 func BenchmarkKernelChange(b *testing.B) {
-	benchInSandbox(b, kernelChange, "STEELYARD_CHANGE_SERVICES", "STEELYARD_CHANGE_COUNT")
+	benchInSandbox(b, kernelChange, "STEELYARD_CHANGE_SERVICES", "STEELYARD_CHANGE_COUNT", "STEELYARD_CHANGE_PERF")
 }
 
 func kernelChange(t testing.TB) {
@@ -57,6 +61,18 @@ func kernelChange(t testing.TB) {
 		return float64(r.Utime.Sec) + float64(r.Utime.Usec)/1e6, float64(r.Stime.Sec) + float64(r.Stime.Usec)/1e6
 	}
 	walls := make([]time.Duration, 0, changes)
+	stopPerf := func() {}
+	if out := os.Getenv("STEELYARD_CHANGE_PERF"); out != "" {
+		rec := exec.Command("perf", "record", "-g", "-o", out, "-p", strconv.Itoa(os.Getpid()))
+		if err := rec.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Second) // attached
+		stopPerf = func() {
+			_ = rec.Process.Signal(syscall.SIGINT)
+			_ = rec.Wait()
+		}
+	}
 	u0, s0 := cpu()
 	for i := range changes {
 		sp := &s.Services[(i*7919)%len(s.Services)]
@@ -73,6 +89,7 @@ func kernelChange(t testing.TB) {
 		}
 	}
 	u1, s1 := cpu()
+	stopPerf()
 	all := func() float64 {
 		var self, kids syscall.Rusage
 		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &self)
