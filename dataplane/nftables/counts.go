@@ -14,7 +14,7 @@ import (
 )
 
 // Counting new connections per endpoint (issue 23). With CountConnections
-// each DNAT map ("nc-"/"nl-") carries a counter on every element: the
+// each DNAT map ("kc-"/"kl-") carries a counter on every element: the
 // lookup that picks an endpoint's numgen range bumps that element's
 // counter, and nat chains see only the first packet of a connection, so
 // its packet count is the endpoint's count of new connections. No rule,
@@ -25,8 +25,9 @@ import (
 // not change are kept. Ports with ClientIP affinity are not counted.
 
 // Counts implements dataplane.Dataplane: one netlink dump of the table's
-// sets, then one of each counted map's elements (google/nftables decodes
-// each element's counter).
+// sets (a counted map's comment names its Service port and protocol),
+// then one of each counted map's elements (google/nftables decodes each
+// element's counter; only a range's start element counts).
 func (p *Proxier) Counts() ([]dataplane.EndpointCount, error) {
 	if p.netlink == nil {
 		return nil, nil // a fake kernel has no counters
@@ -49,9 +50,13 @@ func (p *Proxier) Counts() ([]dataplane.EndpointCount, error) {
 		return nil, err
 	}
 	var out []dataplane.EndpointCount
-	for name, service := range sets {
+	for name, comment := range sets {
 		if !countedMap(name) {
 			continue
+		}
+		service, proto, ok := countedComment(comment)
+		if !ok {
+			return nil, fmt.Errorf("nftables: map %s: comment %q", name, comment)
 		}
 		es, err := c.GetSetElements(&gnft.Set{Table: table, Name: name})
 		if err != nil {
@@ -61,10 +66,11 @@ func (p *Proxier) Counts() ([]dataplane.EndpointCount, error) {
 			return nil, err
 		}
 		for _, e := range es {
+			// A range's end element has no value and no counter.
 			if e.Counter == nil || e.IntervalEnd {
 				continue
 			}
-			ep, proto, err := countedElem(e, alen)
+			ep, err := countedElem(e, alen)
 			if err != nil {
 				return nil, fmt.Errorf("nftables: map %s: %w", name, err)
 			}
@@ -74,20 +80,29 @@ func (p *Proxier) Counts() ([]dataplane.EndpointCount, error) {
 	return dataplane.MergeCounts(out), nil
 }
 
-// countedElem decodes an element of a counted DNAT map: the key is
-// "numgen value . l4proto" (4 bytes each), the value "address . port"
-// (the port in a register of its own).
-func countedElem(e gnft.SetElement, alen int) (netip.AddrPort, dataplane.Protocol, error) {
-	if len(e.Key) != 8 || len(e.Val) != alen+4 {
-		return netip.AddrPort{}, "", fmt.Errorf("element of key %d and value %d bytes", len(e.Key), len(e.Val))
+// countedComment reads a counted map's comment, "namespace/name:port
+// tcp": the Service port and its protocol.
+func countedComment(c string) (string, dataplane.Protocol, bool) {
+	i := strings.LastIndexByte(c, ' ')
+	if i < 0 {
+		return "", "", false
 	}
-	name, ok := protoNames[e.Key[4]]
-	if !ok {
-		return netip.AddrPort{}, "", fmt.Errorf("protocol %d", e.Key[4])
+	if _, ok := protoNumbers[c[i+1:]]; !ok {
+		return "", "", false
+	}
+	return c[:i], dataplane.Protocol(strings.ToUpper(c[i+1:])), true
+}
+
+// countedElem decodes the start element of a range of a counted DNAT map:
+// the key is the draw (4 bytes), the value "address . port" (the port in
+// a register of its own).
+func countedElem(e gnft.SetElement, alen int) (netip.AddrPort, error) {
+	if len(e.Key) != 4 || len(e.Val) != alen+4 {
+		return netip.AddrPort{}, fmt.Errorf("element of key %d and value %d bytes", len(e.Key), len(e.Val))
 	}
 	a, _ := netip.AddrFromSlice(e.Val[:alen])
 	port := binary.BigEndian.Uint16(e.Val[alen : alen+2])
-	return netip.AddrPortFrom(a, port), dataplane.Protocol(strings.ToUpper(name)), nil
+	return netip.AddrPortFrom(a, port), nil
 }
 
 // setComments reads the table's sets and their comments (the Service port

@@ -23,9 +23,9 @@ import (
 
 // maxElemsPerCommit bounds the elements of one netlink commit. The batch
 // goes in one sendmsg, refused beyond the socket's send buffer
-// (wmem_default, 208 KiB here); a weight-map element with its interval
-// end and value is about 70 bytes in a message that carries the set's
-// other elements, so 1,000 stay near 70 KiB.
+// (wmem_default, 208 KiB here); a weight-map range (two kernel elements:
+// its start with the value, its end) is about 70 bytes in a message that
+// carries the set's other elements, so 1,000 stay near 70 KiB.
 const maxElemsPerCommit = 1000
 
 // maxElemsPerMessage bounds the elements of one message: they go in one
@@ -87,8 +87,8 @@ func isEntry(e setElem) bool {
 
 // commitElems adds es in one netlink commit, one message per run of up to
 // maxElemsPerMessage elements of the same set, with the generation's
-// bookkeeping of commit. Elements netlink does not encode ("return"
-// values) follow through nft.
+// bookkeeping of commit. Elements netlink does not encode (none that
+// steelyard writes today) follow through nft.
 func (p *Proxier) commitElems(ctx context.Context, es []setElem) (err error) {
 	var byNft ops
 	c, err := gnft.New(p.netlink.opts...)
@@ -107,7 +107,7 @@ func (p *Proxier) commitElems(ctx context.Context, es []setElem) (err error) {
 	}
 	for _, e := range es {
 		name, isMap := e.set()
-		el, err := e.netlink(p.netlink.f, true)
+		els, err := e.netlink(p.netlink.f, true)
 		var unsupported errUnsupported
 		switch {
 		case errors.As(err, &unsupported):
@@ -116,13 +116,13 @@ func (p *Proxier) commitElems(ctx context.Context, es []setElem) (err error) {
 		case err != nil:
 			return err
 		}
-		if s == nil || s.Name != name || len(run) == maxElemsPerMessage {
+		if s == nil || s.Name != name || len(run)+len(els) > maxElemsPerMessage {
 			if err := send(); err != nil {
 				return err
 			}
 			s = &gnft.Set{Table: p.netlink.table, Name: name, IsMap: isMap}
 		}
-		run = append(run, el)
+		run = append(run, els...)
 	}
 	if err := send(); err != nil {
 		return err

@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
@@ -215,7 +216,8 @@ func readNodeSets(f fam, alen int, t *liveTable) error {
 
 // readWeightMaps reads every weight map a rule draws from, over
 // elemReaders sockets at once, each element decoded where it was
-// received.
+// received into a start or end point; each map's points become its
+// ranges once all are read.
 func (r *kernelReader) readWeightMaps(t *liveTable) error {
 	var names []string
 	for _, rules := range t.chains {
@@ -243,41 +245,93 @@ func (r *kernelReader) readWeightMaps(t *liveTable) error {
 		}
 	}
 	wms := make([]*weightMap, len(names))
+	pts := make([][]wmPoint, len(names))
 	for i, name := range names {
 		wms[i] = t.weights[name]
 	}
-	return eachSetOf(byte(r.f.nfproto()), names, elemReaders, func(i int, e *rawElem) error {
+	err := eachSetOf(byte(r.f.nfproto()), names, elemReaders, func(i int, e *rawElem) error {
 		x, err := decodeWeightElem(e, wms[i].dnat, r.alen)
 		if err != nil {
 			return err
 		}
-		wms[i].elems = append(wms[i].elems, x)
+		pts[i] = append(pts[i], x)
 		return nil
 	})
+	if err != nil {
+		return err
+	}
+	for i, wm := range wms {
+		wm.elems = wmRanges(pts[i])
+	}
+	return nil
 }
 
-// decodeWeightElem reads a weight map's element: key "lo-hi . proto"
-// (numgen's value big endian, each field in its register), value an
-// endpoint (address, then the port in its register) or a verdict.
-func decodeWeightElem(e *rawElem, dnat bool, alen int) (wmElem, error) {
-	if len(e.key) != 8 || (e.keyEnd != nil && len(e.keyEnd) != 8) {
-		return wmElem{}, fmt.Errorf("key of %d bytes", len(e.key))
+// wmPoint is one kernel element of a weight map: the start of a range
+// (e holds its value) or, flagged, the end.
+type wmPoint struct {
+	key uint32
+	end bool
+	e   wmElem
+}
+
+// wmRanges turns a weight map's kernel elements into its ranges as the
+// rbtree looks a draw up (the greatest element not above it; an end
+// misses): a start at lo runs to the key of the next element minus one,
+// an end or an adjacent range's start, or to the last draw when none
+// follows. An end with nothing open before it (nft's end at 0) bounds
+// nothing.
+func wmRanges(pts []wmPoint) []wmElem {
+	// By key, an end before a start of the same key (the end of the range
+	// below it).
+	slices.SortFunc(pts, func(a, b wmPoint) int {
+		if c := cmp.Compare(a.key, b.key); c != 0 {
+			return c
+		}
+		return cmp.Compare(b2i(!a.end), b2i(!b.end))
+	})
+	out := make([]wmElem, 0, (len(pts)+1)/2)
+	for i, p := range pts {
+		if p.end {
+			continue
+		}
+		x := p.e
+		x.lo, x.hi = p.key, ^uint32(0)
+		if i+1 < len(pts) {
+			x.hi = pts[i+1].key - 1
+		}
+		out = append(out, x)
 	}
-	x := wmElem{lo: binary.BigEndian.Uint32(e.key)}
-	x.hi = x.lo
-	if e.keyEnd != nil {
-		x.hi = binary.BigEndian.Uint32(e.keyEnd)
+	return out
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// decodeWeightElem reads a weight map's kernel element: key the draw
+// (numgen's value big endian), the interval end flag, and a start's value,
+// an endpoint (address, then the port in its register) or a verdict.
+func decodeWeightElem(e *rawElem, dnat bool, alen int) (wmPoint, error) {
+	if len(e.key) != 4 {
+		return wmPoint{}, fmt.Errorf("key of %d bytes", len(e.key))
+	}
+	x := wmPoint{key: binary.BigEndian.Uint32(e.key), end: e.intervalEnd}
+	if x.end {
+		return x, nil
 	}
 	if dnat {
 		if len(e.val) != alen+4 {
-			return wmElem{}, fmt.Errorf("value of %d bytes", len(e.val))
+			return wmPoint{}, fmt.Errorf("value of %d bytes", len(e.val))
 		}
 		a, _ := netip.AddrFromSlice(e.val[:alen])
-		x.dnat = netip.AddrPortFrom(a, binary.BigEndian.Uint16(e.val[alen:]))
+		x.e.dnat = netip.AddrPortFrom(a, binary.BigEndian.Uint16(e.val[alen:]))
 		return x, nil
 	}
 	var err error
-	x.to, err = decodeVerdict(e.val)
+	x.e.to, err = decodeVerdict(e.val)
 	return x, err
 }
 

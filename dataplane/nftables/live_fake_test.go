@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -101,19 +102,21 @@ func fakeTable(p *Proxier, fake *knftables.Fake) (*liveTable, error) {
 	return t, nil
 }
 
-// fakeWeightMap reads a weight map's elements: "lo-hi . proto" keys,
+// fakeWeightMap reads a weight map's elements: "lo-hi" keys (the draw),
 // "address . port" or verdict values.
 func fakeWeightMap(name string, es []*knftables.Element) (*weightMap, error) {
 	wm := &weightMap{dnat: name[0] != 'w'}
 	for _, e := range es {
 		k := splitKey(e.Key)
+		if len(k) != 1 {
+			return nil, fmt.Errorf("map %s: key %q", name, e.Key)
+		}
 		lo, hi, _ := strings.Cut(k[0], "-")
 		l, err1 := strconv.ParseUint(lo, 10, 32)
 		h, err2 := strconv.ParseUint(hi, 10, 32)
 		if err := errors.Join(err1, err2); err != nil {
 			return nil, err
 		}
-		wm.proto = protoNumbers[k[1]]
 		x := wmElem{lo: uint32(l), hi: uint32(h)}
 		v := splitKey(e.Value)
 		if wm.dnat {

@@ -250,19 +250,17 @@ func (s dnatTo) encode(f fam, out []expr.Any) ([]expr.Any, error) {
 		&expr.NAT{Type: expr.NATTypeDestNAT, Family: f.nfproto(), RegAddrMin: 1, RegAddrMax: 1, RegProtoMin: 2, RegProtoMax: 2, Specified: true}), nil
 }
 
-// numgenKey encodes the key "numgen random mod N offset K . meta l4proto"
-// of the weight maps. nft turns both fields to network order for the
-// interval map (its keys are stored big endian), the second in the next
-// 32-bit register (NFT_REG32_01 = 9); without the byteorder steps the
-// lookup misses (listings do not show them: "nft --debug=netlink" does,
-// and TestNetlinkMatchesNft compares that). The offset moves a port's
-// draws into its own range of a weight map that several ports share.
+// numgenKey encodes the key "numgen random mod N offset K" of the weight
+// maps. nft turns the draw to network order for the interval map (its
+// keys are stored big endian); without the byteorder step the lookup
+// misses (listings do not show it: "nft --debug=netlink" does, and
+// TestNetlinkMatchesNft compares that). The offset moves a port's draws
+// into its own range of a weight map that several ports share. One field,
+// not "numgen . meta l4proto": see weightmaps.go for why.
 func numgenKey(mod, off uint32, out []expr.Any) []expr.Any {
 	return append(out,
 		&expr.Numgen{Register: 1, Modulus: mod, Type: unix.NFT_NG_RANDOM, Offset: off},
-		&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Size: 4, Len: 4},
-		metaL4proto(9),
-		&expr.Byteorder{SourceRegister: 9, DestRegister: 9, Op: expr.ByteorderHton, Size: 2, Len: 1})
+		&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Size: 4, Len: 4})
 }
 
 // numgenText is "numgen random mod N", with " offset K" when K is not 0
@@ -275,7 +273,7 @@ func numgenText(mod, off uint32) string {
 	return t
 }
 
-// numgenVmap: "numgen random mod N offset K . meta l4proto vmap @wm-..."
+// numgenVmap: "numgen random mod N offset K vmap @wv-..."
 // (ClientIP affinity: the map sends to endpoint chains).
 type numgenVmap struct {
 	mod, off uint32
@@ -283,7 +281,7 @@ type numgenVmap struct {
 }
 
 func (s numgenVmap) text(fam) string {
-	return numgenText(s.mod, s.off) + " . meta l4proto vmap @" + s.m
+	return numgenText(s.mod, s.off) + " vmap @" + s.m
 }
 
 func (s numgenVmap) encode(_ fam, out []expr.Any) ([]expr.Any, error) {
@@ -291,8 +289,8 @@ func (s numgenVmap) encode(_ fam, out []expr.Any) ([]expr.Any, error) {
 	return append(out, &expr.Lookup{SourceRegister: 1, SetName: s.m, IsDestRegSet: true, DestRegister: 0}), nil
 }
 
-// numgenDNAT: "dnat ip to numgen random mod N offset K . meta l4proto map
-// @dm-..." (after an l4proto match). The map's value (address . port)
+// numgenDNAT: "dnat ip to numgen random mod N offset K map @dn-..." (after
+// an l4proto match). The map's value (address . port)
 // lands in register 1 and after it: the port in NFT_REG32_01 (9) after an
 // IPv4 address, in the second 128-bit register (2) after an IPv6 one, as
 // nft --debug=netlink shows.
@@ -302,7 +300,7 @@ type numgenDNAT struct {
 }
 
 func (s numgenDNAT) text(f fam) string {
-	return "dnat " + f.ip + " to " + numgenText(s.mod, s.off) + " . meta l4proto map @" + s.m
+	return "dnat " + f.ip + " to " + numgenText(s.mod, s.off) + " map @" + s.m
 }
 
 func (s numgenDNAT) encode(f fam, out []expr.Any) ([]expr.Any, error) {

@@ -116,9 +116,9 @@ func TestNumgenOffset(t *testing.T) {
 		s    stmt
 		text string
 	}{
-		{numgenDNAT{1000000, 1000000, "d5"}, "dnat ip to numgen random mod 1000000 offset 1000000 . meta l4proto map @d5"},
-		{numgenDNAT{1000000, 0, "d5"}, "dnat ip to numgen random mod 1000000 . meta l4proto map @d5"},
-		{numgenVmap{1000000, 4293000000, "w5"}, "numgen random mod 1000000 offset 4293000000 . meta l4proto vmap @w5"},
+		{numgenDNAT{1000000, 1000000, "d5"}, "dnat ip to numgen random mod 1000000 offset 1000000 map @d5"},
+		{numgenDNAT{1000000, 0, "d5"}, "dnat ip to numgen random mod 1000000 map @d5"},
+		{numgenVmap{1000000, 4293000000, "w5"}, "numgen random mod 1000000 offset 4293000000 vmap @w5"},
 	} {
 		want := r(l4proto(unix.IPPROTO_TCP), c.s)
 		if got := want.text(f); got != "meta l4proto tcp "+c.text {

@@ -26,8 +26,10 @@ type setElem interface {
 	// knft is the element for a knftables transaction (value and comment
 	// only when add).
 	knft(f fam, add bool) *knftables.Element
-	// netlink is the element as nft 1.0.6 encodes it.
-	netlink(f fam, add bool) (gnft.SetElement, error)
+	// netlink is the element as nft 1.0.6 encodes it: one kernel element,
+	// or two for a range of a single-field interval map (its start and
+	// its end, mapElem).
+	netlink(f fam, add bool) ([]gnft.SetElement, error)
 }
 
 // svcKey is the key of a shared map: "address . protocol . port" in
@@ -110,27 +112,27 @@ func (s sharedElem) knft(f fam, add bool) *knftables.Element {
 	return el
 }
 
-func (s sharedElem) netlink(f fam, add bool) (gnft.SetElement, error) {
+func (s sharedElem) netlink(f fam, add bool) ([]gnft.SetElement, error) {
 	if s.e.key.addr.IsValid() && s.e.key.addr.Is4() == f.v6 {
-		return gnft.SetElement{}, errUnsupported{"key " + s.e.id().String()}
+		return nil, errUnsupported{"key " + s.e.id().String()}
 	}
 	el := gnft.SetElement{Key: s.e.key.bytes()}
 	if !add {
-		return el, nil
+		return []gnft.SetElement{el}, nil
 	}
 	switch s.e.to.kind {
 	case expr.VerdictJump, expr.VerdictGoto, expr.VerdictDrop:
 		el.VerdictData = &expr.Verdict{Kind: s.e.to.kind, Chain: s.e.to.chain}
 	default:
-		return el, errUnsupported{"map value " + s.e.to.text(f)}
+		return nil, errUnsupported{"map value " + s.e.to.text(f)}
 	}
 	if s.comment != nil {
 		if err := commentFits(*s.comment); err != nil {
-			return el, err
+			return nil, err
 		}
 		el.Comment = *s.comment
 	}
-	return el, nil
+	return []gnft.SetElement{el}, nil
 }
 
 // wmElem is one element of a weight map: the numgen range lo-hi goes to
@@ -178,38 +180,50 @@ type mapElem struct {
 func (s mapElem) set() (string, bool) { return s.m, true }
 
 func (s mapElem) knft(f fam, add bool) *knftables.Element {
-	el := &knftables.Element{Map: s.m, Key: []string{fmt.Sprintf("%d-%d", s.e.lo, s.e.hi), protoName(s.proto)}}
+	el := &knftables.Element{Map: s.m, Key: []string{fmt.Sprintf("%d-%d", s.e.lo, s.e.hi)}}
 	if add {
 		el.Value = s.e.value(f)
 	}
 	return el
 }
 
-// netlink: the key "lo-hi . proto", numgen's value big endian as nft
-// stores it; a DNAT value is the address, then the port in its register.
-func (s mapElem) netlink(f fam, add bool) (gnft.SetElement, error) {
-	el := gnft.SetElement{
-		Key:    pad4(append(binary.BigEndian.AppendUint32(nil, s.e.lo), s.proto)),
-		KeyEnd: pad4(append(binary.BigEndian.AppendUint32(nil, s.e.hi), s.proto)),
+// netlink: the range lo-hi of a single-field interval map is two elements
+// of the kernel's rbtree, as nft 1.0.6 sends them ("nft --debug=netlink
+// add element"): the start, key lo (numgen's value big endian) with the
+// value, and the end, key hi+1 flagged NFT_SET_ELEM_INTERVAL_END (none
+// when hi is the last draw: the range is open to the end). A lookup
+// takes the greatest element not above the draw and misses on an end, so
+// a draw in a gap (another port's free slot, the reject share) misses.
+// Adjacent ranges give two elements with one key, an end and a start:
+// the kernel keeps both, and deleting one range (its start and its end,
+// the flag included) leaves its neighbour's start. nft also sends an end
+// at 0 before the first range of each command; it changes no lookup and
+// no steelyard range owns it, so it is not sent here.
+func (s mapElem) netlink(f fam, add bool) ([]gnft.SetElement, error) {
+	start := gnft.SetElement{Key: binary.BigEndian.AppendUint32(nil, s.e.lo)}
+	var end []gnft.SetElement
+	if s.e.hi != ^uint32(0) {
+		end = []gnft.SetElement{{Key: binary.BigEndian.AppendUint32(nil, s.e.hi+1), IntervalEnd: true}}
 	}
 	if !add {
-		return el, nil
+		return append([]gnft.SetElement{start}, end...), nil
 	}
 	switch {
 	case s.e.dnat.IsValid():
 		a := s.e.dnat.Addr()
 		if a.Is4() == f.v6 {
-			return el, errUnsupported{"DNAT map value " + s.e.dnat.String()}
+			return nil, errUnsupported{"DNAT map value " + s.e.dnat.String()}
 		}
-		el.Val = append(a.AsSlice(), pad4(binary.BigEndian.AppendUint16(nil, s.e.dnat.Port()))...)
-	case s.e.to.kind == expr.VerdictJump || s.e.to.kind == expr.VerdictGoto || s.e.to.kind == expr.VerdictDrop:
-		el.VerdictData = &expr.Verdict{Kind: s.e.to.kind, Chain: s.e.to.chain}
+		start.Val = append(a.AsSlice(), pad4(binary.BigEndian.AppendUint16(nil, s.e.dnat.Port()))...)
+	case s.e.to.kind == expr.VerdictJump || s.e.to.kind == expr.VerdictGoto || s.e.to.kind == expr.VerdictDrop || s.e.to.kind == expr.VerdictReturn:
+		// "return" is the reject share of an affinity port: over netlink
+		// too, so no element goes through nft, which reads every plain
+		// interval map of the table first.
+		start.VerdictData = &expr.Verdict{Kind: s.e.to.kind, Chain: s.e.to.chain}
 	default:
-		// "return" (the reject share of an affinity port): as before, nft
-		// writes it.
-		return el, errUnsupported{"map value " + s.e.to.text(f)}
+		return nil, errUnsupported{"map value " + s.e.to.text(f)}
 	}
-	return el, nil
+	return append([]gnft.SetElement{start}, end...), nil
 }
 
 func (k hairpinKey) set() (string, bool) { return setHairpin, false }
@@ -219,14 +233,14 @@ func (k hairpinKey) knft(fam, bool) *knftables.Element {
 }
 
 // netlink: "address . proto . port . address", each field in its register.
-func (k hairpinKey) netlink(f fam, _ bool) (gnft.SetElement, error) {
+func (k hairpinKey) netlink(f fam, _ bool) ([]gnft.SetElement, error) {
 	a := netip.AddrFrom16(k.addr).Unmap()
 	if a.Is4() == f.v6 {
-		return gnft.SetElement{}, errUnsupported{"hairpin key " + a.String()}
+		return nil, errUnsupported{"hairpin key " + a.String()}
 	}
 	key := append(a.AsSlice(), pad4([]byte{k.proto})...)
 	key = append(key, pad4(binary.BigEndian.AppendUint16(nil, k.port))...)
-	return gnft.SetElement{Key: append(key, a.AsSlice()...)}, nil
+	return []gnft.SetElement{{Key: append(key, a.AsSlice()...)}}, nil
 }
 
 // pad4 pads a concatenation field to its 32-bit register.

@@ -2,11 +2,14 @@ package nftables
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
 
 	gnft "github.com/google/nftables"
 	"github.com/google/nftables/userdata"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 
 	"github.com/steelyard-net/steelyard/dataplane"
@@ -109,20 +112,48 @@ func (o op) replay(tx *knftables.Transaction, obj knftables.Object) {
 }
 
 // maxNetlinkOps bounds a transaction sent over netlink. The batch goes in
-// one sendmsg, which the kernel refuses beyond the socket's send buffer
-// (wmem_default, 208 KiB here), and every message is acked into the
-// receive buffer; at a few hundred bytes an operation, 500 stay well
-// inside. One endpoint change is about 20 operations; a change large
-// enough to pass the bound goes through nft, whose cache fill it then
-// amortizes.
-const maxNetlinkOps = 500
+// one sendmsg, which the kernel refuses beyond the socket's send buffer,
+// and every message is acked into the receive buffer: both are raised to
+// netlinkBuffer for the writer's sockets (as nft sizes its own to the
+// batch). At up to about 1 KiB an operation sent (a rule with a 128-byte
+// comment; an element is far less) and an ack's skb under 1 KiB, 20,000
+// stay well inside. One endpoint change is about 20 operations. The bound
+// was 500 with the default buffers (208 KiB), and a change of more than
+// about 25 Services went through nft, which with single-field weight maps
+// reads every one of them first: a sync of 40 changed Services at 10,000
+// cost 0.68 CPU-s that way (0.35 with the concatenated key).
+const maxNetlinkOps = 20000
+
+// netlinkBuffer is the send and receive buffer of the writer's sockets.
+// A limit, not an allocation: a small batch uses what it needs.
+const netlinkBuffer = 32 << 20
+
+// bigBuffers raises a socket's buffers to netlinkBuffer, past the
+// sysctl limits (SO_SNDBUFFORCE and SO_RCVBUFFORCE need CAP_NET_ADMIN,
+// which writing nftables needs anyway).
+func bigBuffers(c *netlink.Conn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	err = rc.Control(func(fd uintptr) {
+		for _, opt := range []int{unix.SO_SNDBUFFORCE, unix.SO_RCVBUFFORCE} {
+			if e := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, opt, netlinkBuffer); e != nil && serr == nil {
+				serr = fmt.Errorf("nftables: netlink socket buffer: %w", e)
+			}
+		}
+	})
+	return errors.Join(err, serr)
+}
 
 // netlinkWriter sends transactions of the supported shapes over netlink.
 type netlinkWriter struct {
 	family int
 	f      fam
 	table  *gnft.Table
-	// opts open each batch's connection (tests: a fake socket).
+	// opts open each batch's connection: big buffers (tests: a fake
+	// socket).
 	opts []gnft.ConnOption
 }
 
@@ -131,7 +162,8 @@ func newNetlinkWriter(family int) *netlinkWriter {
 	if family == 6 {
 		fam = gnft.TableFamilyIPv6
 	}
-	return &netlinkWriter{family: family, f: famOf(family), table: &gnft.Table{Name: TableName, Family: fam}}
+	return &netlinkWriter{family: family, f: famOf(family), table: &gnft.Table{Name: TableName, Family: fam},
+		opts: []gnft.ConnOption{gnft.WithSockOptions(bigBuffers)}}
 }
 
 // errUnsupported: the transaction has an operation this writer does not
@@ -217,16 +249,16 @@ func (w *netlinkWriter) set(c *gnft.Conn, verb byte, name string) error {
 // element queues one typed element.
 func (w *netlinkWriter) element(c *gnft.Conn, verb byte, e setElem) error {
 	name, isMap := e.set()
-	el, err := e.netlink(w.f, verb == 'a')
+	els, err := e.netlink(w.f, verb == 'a')
 	if err != nil {
 		return err
 	}
 	s := &gnft.Set{Table: w.table, Name: name, IsMap: isMap}
 	switch verb {
 	case 'a':
-		return c.SetAddElements(s, []gnft.SetElement{el})
+		return c.SetAddElements(s, els)
 	case 'd':
-		return c.SetDeleteElements(s, []gnft.SetElement{el})
+		return c.SetDeleteElements(s, els)
 	}
 	return errUnsupported{"element flush"}
 }

@@ -103,6 +103,13 @@ func TestCanonical(t *testing.T) {
 // a set's elements.
 var debugHeader = regexp.MustCompile(`^(ip6?) (\S+) (\S+)( \d+)*$`)
 
+// weightMapRecord is the header of a weight map's elements in the
+// canonical debug output; zeroEnd is nft's end element at 0.
+var (
+	weightMapRecord = regexp.MustCompile(` @(` + sharedDNATPrefix + `|` + sharedVerdictPrefix + `|` + countPrefix + `[cl]-)`)
+	zeroEnd         = regexp.MustCompile(`^element 00000000\s+: 1 \[end\]$`)
+)
+
 // canonicalDebug canonicalizes "nft --debug=netlink list table" output:
 // the bytecode records (rule handles dropped, element lines sorted, records
 // sorted) and then the listing, through canonical.
@@ -123,6 +130,13 @@ func canonicalDebug(text string) string {
 		// history, so only its listing (below) is compared.
 		if len(cur) > 0 && !strings.HasSuffix(cur[0], " @"+setClusterCIDRs) {
 			body := cur[1:]
+			// nft starts each "add element" of an interval map with an
+			// end element at 0, which no range owns and no lookup
+			// needs (mapElem.netlink does not send it): a weight map's
+			// element lines are compared without it.
+			if weightMapRecord.MatchString(cur[0]) {
+				body = slices.DeleteFunc(slices.Clone(body), zeroEnd.MatchString)
+			}
 			if strings.Contains(cur[0], " @") {
 				slices.Sort(body)
 			}
@@ -166,15 +180,15 @@ func TestScriptGroupsElements(t *testing.T) {
 	t0.AddElem(mapElem{"wc-b", tcp, &wmElem{lo: 100, hi: 199, to: goTo("ep-a")}})
 	t0.DeleteElem(mapElem{"wc-b", tcp, &wmElem{lo: 0, hi: 99, to: goTo("ep-a")}})
 	t0.AddRule("svc-x", nil, r(l4proto(tcp), numgenDNAT{100, 0, "dc-a"}))
-	want := "add element ip steelyard dc-a { 0-9 . tcp : 198.19.1.2 . 8080, 10-99 . tcp : 198.19.1.3 . 8080 }\n" +
+	want := "add element ip steelyard dc-a { 0-9 : 198.19.1.2 . 8080, 10-99 : 198.19.1.3 . 8080 }\n" +
 		"add element ip steelyard hairpin { 198.19.1.2 . tcp . 8080 . 198.19.1.2 }\n" +
 		"flush map ip steelyard dc-b\n" +
-		"add element ip steelyard dc-b { 0-99 . tcp : 198.19.1.4 . 8080 }\n" +
+		"add element ip steelyard dc-b { 0-99 : 198.19.1.4 . 8080 }\n" +
 		"add element ip steelyard service-ips { 198.18.0.10 . tcp . 80 comment \"default/a:http\" : goto svc-x }\n" +
 		"add element ip steelyard service-ips { 198.18.0.11 . tcp . 80 comment \"default/b:http\" : goto svc-y }\n" +
-		"add element ip steelyard wc-b { 100-199 . tcp : goto ep-a }\n" +
-		"delete element ip steelyard wc-b { 0-99 . tcp }\n" +
-		"add rule ip steelyard svc-x meta l4proto tcp dnat ip to numgen random mod 100 . meta l4proto map @dc-a\n"
+		"add element ip steelyard wc-b { 100-199 : goto ep-a }\n" +
+		"delete element ip steelyard wc-b { 0-99 }\n" +
+		"add rule ip steelyard svc-x meta l4proto tcp dnat ip to numgen random mod 100 map @dc-a\n"
 	fake := knftables.NewFake(f.nfFamily, TableName)
 	got, err := t0.script(fake.NewTransaction, f)
 	if err != nil {

@@ -13,16 +13,16 @@
 // a weight map shared by about ten ports (weightmaps.go), drawing in the
 // port's own range of it:
 //
-//	meta l4proto tcp dnat ip to numgen random mod N offset K . meta l4proto map @dm-0042
-//	map dm-0042 { K+0-K+9 . tcp : 198.19.1.2 . 8080, K+10-K+99 . tcp : 198.19.1.3 . 8080, (other ports') }
+//	meta l4proto tcp dnat ip to numgen random mod N offset K map @dn-0042
+//	map dn-0042 { K+0-K+9 : 198.19.1.2 . 8080, K+10-K+99 : 198.19.1.3 . 8080, (other ports') }
 //
 // so an endpoint or weight change rewrites the port's elements (and the
 // shared hairpin set's, hairpin.go), never a chain or other Services.
 // Ports with ClientIP affinity keep one ep- chain per endpoint (hairpin
 // mark, affinity set update, DNAT) behind a shared verdict map:
 //
-//	numgen random mod N offset K . meta l4proto vmap @wm-0042
-//	map wm-0042 { K+0-K+9 . tcp : goto ep-a, K+10-K+99 . tcp : goto ep-b }
+//	numgen random mod N offset K vmap @wv-0042
+//	map wv-0042 { K+0-K+9 : goto ep-a, K+10-K+99 : goto ep-b }
 //
 // Why this structure, measured with nft 1.0.6 on this machine (2 cores, load
 // average 4-6 from other jobs, 10,000 Services x 10 endpoints loaded with
@@ -39,11 +39,18 @@
 // reads the elements of every non-concatenated interval set of the table
 // (the SETELEM_MAYBE cache): with 10,000 plain interval maps every change
 // read 100,000 elements. A concatenated key ("numgen . meta l4proto") is a
-// different set type that nft does not pre-read, which brings a change down
-// to the cost of reading the table's chain and set names, the floor of any
-// nft command (2.7 CPU-s at 10,000 Services). So endpoint and weight
+// different set type that nft does not pre-read, which brought a change
+// down to the cost of reading the table's chain and set names, the floor
+// of any nft command (2.7 CPU-s at 10,000 Services). So endpoint and weight
 // changes skip nft: they go to the kernel as one netlink batch
-// (netlink.go), 0.25 CPU-s at 10,000 Services.
+// (netlink.go), 0.25 CPU-s at 10,000 Services, and so do the elements of
+// the first sync (firstsync.go). With no element command left to nft on
+// those paths, the key is the draw alone since 2026-12-07: the kernel
+// keeps a concatenated interval map as a pipapo set, rebuilt on every
+// commit, but a single-field one as an rbtree, whose commit costs what it
+// changes (weightmaps.go). Only a transaction that nft runs with elements
+// in it (a full resync that repairs, a partial one beyond maxNetlinkOps)
+// pays the pre-read, once per nft run.
 package nftables
 
 import (

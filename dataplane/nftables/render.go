@@ -16,17 +16,20 @@ const (
 	extPrefix = "ext-" // external entry points: masquerade, then svc or svl
 	fwPrefix  = "fw-"  // loadBalancerSourceRanges check before ext
 	epPrefix  = "ep-"  // one endpoint of a ClientIP affinity port: hairpin mark, affinity, DNAT
-	// Weight maps: shared ones "dm-NNNN"/"wm-NNNN" (weightmaps.go); the
+	// Weight maps: shared ones "dn-NNNN"/"wv-NNNN" (weightmaps.go); the
 	// names of the per-port maps of earlier versions, "dc-"/"dl-" (DNAT)
 	// and "wc-"/"wl-" (verdict), which a full sync deletes as unused. Sets
 	// of affinity: "af-" + the hash of the endpoint chain.
 	wPrefix    = "w"
 	dnatPrefix = "d"
-	// countPrefix: "nc-"/"nl-", the DNAT maps of CountConnections, with
+	// countPrefix: "kc-"/"kl-", the DNAT maps of CountConnections, with
 	// a counter on each element (counts.go); other names than "dc-"/"dl-"
-	// since a map cannot gain a counter in place.
-	countPrefix = "n"
-	affPrefix   = "af-"
+	// since a map cannot gain a counter in place. legacyCountPrefix:
+	// "nc-"/"nl-", the same maps keyed "numgen . meta l4proto" until
+	// 2026-12-07 (a key type cannot change in place either, weightmaps.go).
+	countPrefix       = "k"
+	legacyCountPrefix = "n"
+	affPrefix         = "af-"
 )
 
 // Comment suffixes of the shared elements naming the external entry points.
@@ -285,9 +288,8 @@ func (p *Proxier) renderPort(sp *dataplane.ServicePort) *portObjects {
 			wm.elems = append(wm.elems, e)
 		}
 		o.maps[mname] = wm
-		// "numgen . meta l4proto": the concatenation keeps nft 1.0.6 from
-		// reading every interval map of the table before each element
-		// change (see the package comment).
+		// The key is the draw alone: the kernel keeps the map in an
+		// rbtree, whose commit costs what it changes (weightmaps.go).
 		if affinity {
 			rules = append(rules, r(numgenVmap{uint32(mod), off, mname}))
 		} else {
@@ -332,8 +334,8 @@ func weightMapName(chain string) string {
 	return wPrefix + kind + "-" + h
 }
 
-// countedMapName is the counted DNAT map of a split chain: "nc-HASH" for
-// svc-, "nl-HASH" for svl-.
+// countedMapName is the counted DNAT map of a split chain: "kc-HASH" for
+// svc-, "kl-HASH" for svl-.
 func countedMapName(chain string) string {
 	return countPrefix + strings.TrimPrefix(weightMapName(chain), wPrefix)
 }

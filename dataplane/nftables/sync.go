@@ -364,14 +364,15 @@ func (w *writer) port(tx txn, n dataplane.ServicePortName, old, o *portObjects) 
 			continue
 		}
 		if _, ok := old.maps[m]; !ok {
-			typeOf := "numgen random mod 1 . meta l4proto : " + o.maps[m].data(w.p.f)
+			typeOf := weightMapKey + o.maps[m].data(w.p.f)
 			var mc *string
 			if countedMap(m) {
 				// knftables has no field for a set's "counter" statement:
 				// it follows the typeof. The comment names the Service
-				// port for Counts.
+				// port and its protocol for Counts (the key, the draw
+				// alone, no longer carries the protocol).
 				typeOf += " ; counter"
-				mc = comment
+				mc = knftables.PtrTo(commentOf(n, " "+protoName(o.maps[m].proto)))
 			}
 			tx.Add(&knftables.Map{Name: m, TypeOf: typeOf, Flags: []knftables.SetFlag{knftables.IntervalFlag}, Comment: mc})
 			w.revive("map", m)
@@ -542,7 +543,8 @@ func (w *writer) repair(tx txn, applied map[dataplane.ServicePortName]*portObjec
 	}
 	w.hairpinRepair(tx, applied)
 	perPort := func(name string) bool {
-		for _, pfx := range []string{svcPrefix, svlPrefix, extPrefix, fwPrefix, epPrefix, affPrefix, wPrefix + "c-", wPrefix + "l-", dnatPrefix + "c-", dnatPrefix + "l-", countPrefix + "c-", countPrefix + "l-", sharedDNATPrefix, sharedVerdictPrefix} {
+		for _, pfx := range []string{svcPrefix, svlPrefix, extPrefix, fwPrefix, epPrefix, affPrefix, wPrefix + "c-", wPrefix + "l-", dnatPrefix + "c-", dnatPrefix + "l-", countPrefix + "c-", countPrefix + "l-", sharedDNATPrefix, sharedVerdictPrefix,
+			legacyCountPrefix + "c-", legacyCountPrefix + "l-", legacyDNATPrefix, legacyVerdictPrefix} {
 			if strings.HasPrefix(name, pfx) {
 				return true
 			}

@@ -379,93 +379,23 @@ func (tr *tracer) rule(text string, p pkt, f flow) []branch {
 	return []branch{{f, ""}}
 }
 
-// numgen reads "N [offset K] . meta l4proto vmap @m" or "... map @m".
+// numgen reads "N [offset K] vmap @m" or "... map @m".
 func (tr *tracer) numgen(s *string, word func() string, text string) (uint64, uint64, string, string) {
 	mod, err := strconv.ParseUint(word(), 10, 64)
 	var off uint64
-	next := word()
-	if err == nil && next == "offset" {
+	verb := word()
+	if err == nil && verb == "offset" {
 		off, err = strconv.ParseUint(word(), 10, 32)
-		next = word()
+		verb = word()
 	}
-	if err != nil || next != "." || word() != "meta" || word() != "l4proto" {
+	if err != nil || (verb != "map" && verb != "vmap") {
 		tr.t.Fatalf("tracer: cannot read the numgen of %q", text)
 	}
-	verb := word()
 	m := strings.TrimPrefix(word(), "@")
 	if *s != "" {
 		tr.t.Fatalf("tracer: %q after the numgen lookup of %q", *s, text)
 	}
 	return mod, off, m, verb
-}
-
-// split follows every range of weight map m within the draws off to
-// off+mod-1 (the map's other ranges are other ports'): a DNAT map's value
-// is the endpoint, a verdict map's the verdict; the draws no element
-// covers (the reject share) miss and go on with the next rule.
-func (tr *tracer) split(mod, off uint64, m string, p pkt, f flow, verb, text string) []branch {
-	wm := tr.tab.Maps[m]
-	if wm == nil {
-		tr.t.Errorf("tracer: no map %s (rule %q)", m, text)
-		return []branch{{f, ""}}
-	}
-	var out []branch
-	covered := uint64(0)
-	for _, e := range wm.Elements {
-		k := fieldsOf(e.Key)
-		if len(k) != 2 || k[1] != p.proto {
-			continue
-		}
-		lo, hi, ok := strings.Cut(k[0], "-")
-		if !ok {
-			hi = lo
-		}
-		l, err1 := strconv.ParseUint(lo, 10, 64)
-		h, err2 := strconv.ParseUint(hi, 10, 64)
-		if err1 != nil || err2 != nil || h < l {
-			tr.t.Errorf("tracer: map %s: range %q", m, k[0])
-			continue
-		}
-		if h < off || l >= off+mod {
-			continue // another port's range
-		}
-		if l < off || h >= off+mod {
-			tr.t.Errorf("tracer: map %s: range %q crosses the draws %d-%d", m, k[0], off, off+mod-1)
-			continue
-		}
-		n := h - l + 1
-		covered += n
-		g := f
-		g.share = f.share * float64(n) / float64(mod)
-		v := fieldsOf(e.Value)
-		switch verb {
-		case "map":
-			if len(v) != 2 {
-				tr.t.Errorf("tracer: map %s: value %q", m, e.Value)
-				continue
-			}
-			port, err := strconv.ParseUint(v[1], 10, 16)
-			if err != nil {
-				tr.t.Errorf("tracer: map %s: value %q", m, e.Value)
-				continue
-			}
-			g.dst, g.dnat = netip.AddrPortFrom(netip.MustParseAddr(v[0]), uint16(port)), true
-			out = append(out, branch{g, ""})
-		case "vmap":
-			out = append(out, branch{g, strings.Join(v, " ")})
-		default:
-			tr.t.Fatalf("tracer: %q in %q", verb, text)
-		}
-	}
-	if covered > mod {
-		tr.t.Errorf("tracer: map %s covers %d of %d draws", m, covered, mod)
-	}
-	if covered < mod {
-		g := f
-		g.share = f.share * float64(mod-covered) / float64(mod)
-		out = append(out, branch{g, ""})
-	}
-	return out
 }
 
 // fieldsOf splits a key or value however the Fake holds it.

@@ -27,17 +27,44 @@ import (
 // each map's comment to name the Service port of its counters.
 
 // WeightShards is how many shared weight maps of each kind a table holds
-// at most ("dm-0000".."dm-1023" for DNAT, "wm-..." for verdict maps).
+// at most ("dn-0000".."dn-1023" for DNAT, "wv-..." for verdict maps).
 const WeightShards = 1024
+
+// weightMapKey is the typeof of every weight map's key (the modulus in a
+// typeof is only the type; each rule draws with its own).
+const weightMapKey = "numgen random mod 1 : "
 
 // slotsPerShard: a port's offset is its slot times Buckets, and the last
 // slot's draws must stay below 2^32.
 const slotsPerShard = (1<<32)/Buckets - 1
 
-// Prefixes of the shared weight maps.
+// Prefixes of the shared weight maps. Their key is the draw alone
+// ("numgen random mod 1", an interval map), so the kernel keeps them in
+// its rbtree backend. Up to 2026-12-07 it was "numgen . meta l4proto" in
+// maps named "dm-"/"wm-" (legacyDNATPrefix, legacyVerdictPrefix): a
+// concatenated interval key makes the kernel use pipapo, which clones and
+// rebuilds its lookup tables on every commit, so a change cost in
+// proportion to the map's elements (perf of the partial sync at 30,000
+// Services: nft_pipapo_remove 21 %, bitmap_cut 12 %; first sync at
+// 1,000 x 100: nft_pipapo_insert 57 %). With the rbtree a change touches
+// only its elements (plain nft -f of 1,000 maps, kernel sys 2.76 -> ~1.0 s
+// at 100 endpoints per port, docs/data/first-sync-2026-12-07b/nft-keys.txt).
+// The concatenation had kept nft 1.0.6 from reading every plain interval
+// set before each element command (the package comment); every element
+// of a sync now goes over netlink (netlink.go, firstsync.go), so only a
+// transaction through nft with elements in it (a full resync, or a
+// partial one beyond maxNetlinkOps) pays that read, once per nft run.
+//
+// A map's key type cannot change in place, so the new maps have new
+// names: after an upgrade the first full sync finds every split chain
+// without its map, writes the new maps and the chain's new rule in one
+// transaction, and marks the old maps unused (deleted StaleDelay later,
+// as any unused map).
 const (
-	sharedDNATPrefix    = "dm-"
-	sharedVerdictPrefix = "wm-"
+	sharedDNATPrefix    = "dn-"
+	sharedVerdictPrefix = "wv-"
+	legacyDNATPrefix    = "dm-"
+	legacyVerdictPrefix = "wm-"
 )
 
 // sharedMap reports whether m is a shared weight map.
@@ -139,7 +166,7 @@ func (w *writer) ensureShared(tx txn, m string, wm *weightMap) {
 	if there || w.created[m] {
 		return
 	}
-	tx.Add(&knftables.Map{Name: m, TypeOf: "numgen random mod 1 . meta l4proto : " + wm.data(w.p.f), Flags: []knftables.SetFlag{knftables.IntervalFlag}})
+	tx.Add(&knftables.Map{Name: m, TypeOf: weightMapKey + wm.data(w.p.f), Flags: []knftables.SetFlag{knftables.IntervalFlag}})
 	if w.created == nil {
 		w.created = map[string]bool{}
 	}

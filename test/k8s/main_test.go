@@ -437,10 +437,11 @@ var sharedChains = map[string]bool{
 }
 
 // weightMapRef is a rule's reference to a weight map of one Service port
-// (nftables mode: the counted DNAT maps nc-/nl- of --count-connections,
-// and the per-port dc-/dl-/wc-/wl- maps of tables before the shared
-// dm-/wm- maps, which belong to no one port and are not listed).
-var weightMapRef = regexp.MustCompile(`@((?:nc|nl|dc|dl|wc|wl)-[a-z0-9]+)`)
+// (nftables mode: the counted DNAT maps kc-/kl- of --count-connections,
+// nc-/nl- before their key was the draw alone, and the per-port
+// dc-/dl-/wc-/wl- maps of tables before the shared dn-/wv- (earlier
+// dm-/wm-) maps, which belong to no one port and are not listed).
+var weightMapRef = regexp.MustCompile(`@((?:kc|kl|nc|nl|dc|dl|wc|wl)-[a-z0-9]+)`)
 
 // serviceChains returns the steelyard chains of a ruleset (see ruleset)
 // that belong to Service ns/name alone: in iptables those holding or jumped
