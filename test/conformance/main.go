@@ -514,6 +514,16 @@ func saveLogs(ctx context.Context, c *cluster.Cluster, dir string) {
 		if out, err := c.Kubectl(ctx, "-n", "steelyard", "logs", f[0], "-c", "steelyard", "--tail=5000"); err == nil {
 			_ = os.WriteFile(filepath.Join(dir, "steelyard-"+f[1]+".log"), []byte(out), 0o644)
 		}
+		// A restarted agent's log starts at its restart: keep the
+		// previous container's, which says why it ended.
+		if out, err := c.Kubectl(ctx, "-n", "steelyard", "logs", f[0], "-c", "steelyard", "--previous", "--tail=5000"); err == nil {
+			_ = os.WriteFile(filepath.Join(dir, "steelyard-"+f[1]+".previous.log"), []byte(out), 0o644)
+		}
+	}
+	// Restarts and how the last container ended, per pod.
+	if out, err := c.Kubectl(ctx, "-n", "steelyard", "get", "pods", "-o",
+		`jsonpath={range .items[*]}{.spec.nodeName} {.metadata.name} restarts={.status.containerStatuses[?(@.name=="steelyard")].restartCount} last={.status.containerStatuses[?(@.name=="steelyard")].lastState.terminated}{"\n"}{end}`); err == nil {
+		_ = os.WriteFile(filepath.Join(dir, "restarts.txt"), []byte(out), 0o644)
 	}
 	for _, n := range c.Nodes {
 		if b, err := os.ReadFile(filepath.Join(n.Dir, "kube-proxy.log")); err == nil {
