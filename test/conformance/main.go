@@ -144,6 +144,9 @@ func parseProxies(list string) ([]string, error) {
 }
 
 func run(cfg config) error {
+	// The tree the images are built from, read before the run: the
+	// checkout may move during a run of twenty minutes or more.
+	commit := runinfo.Commit()
 	if cfg.e2eDir == "" || cfg.imagesDir == "" {
 		return errors.New("--e2e-dir and --images-dir are required (scripts/conformance/build.sh and images.sh print them)")
 	}
@@ -226,7 +229,7 @@ func run(cfg config) error {
 	fmt.Print(table)
 	_ = os.WriteFile(filepath.Join(cfg.out, "table.txt"), []byte(table), 0o644)
 	run := Summary{
-		Commit: runinfo.Commit(), Date: runinfo.Date(), LoadAvg: runinfo.LoadAvg(),
+		Commit: commit, Date: runinfo.Date(), LoadAvg: runinfo.LoadAvg(),
 		E2E: version(e2e, "--version"), Ginkgo: version(ginkgo, "version"),
 		Nodes: cfg.nodes, DualStack: dualStack(cfg.nodes), Processes: cfg.procs, Focus: cfg.focus,
 	}
