@@ -136,7 +136,7 @@ func TestAffinityKeepsEndpointChains(t *testing.T) {
 		}
 		s, ok := rules[len(rules)-1][1].(numgenDNAT)
 		off = s.off
-		if !ok || s.mod != Buckets || off%Buckets != 0 || !strings.HasPrefix(s.m, sharedDNATPrefix) {
+		if !ok || s.mod != Buckets || off%Buckets != 0 || !sharedMap(s.m) || strings.HasPrefix(s.m, sharedVerdictPrefix) {
 			t.Errorf("split chain %s: %q", c, rules)
 		}
 	}

@@ -106,7 +106,7 @@ var debugHeader = regexp.MustCompile(`^(ip6?) (\S+) (\S+)( \d+)*$`)
 // weightMapRecord is the header of a weight map's elements in the
 // canonical debug output; zeroEnd is nft's end element at 0.
 var (
-	weightMapRecord = regexp.MustCompile(` @(` + sharedDNATPrefix + `|` + sharedVerdictPrefix + `|` + countPrefix + `[cl]-)`)
+	weightMapRecord = regexp.MustCompile(` @(` + strings.Join(sharedPrefixes, `|`) + `|` + countPrefix + `[cl]-)`)
 	zeroEnd         = regexp.MustCompile(`^element 00000000\s+: 1 \[end\]$`)
 )
 

@@ -260,7 +260,7 @@ func (p *Proxier) renderPort(sp *dataplane.ServicePort) *portObjects {
 		wm := &weightMap{dnat: !affinity, proto: pnum}
 		// A shared weight map, the port's draws at its offset there
 		// (weightmaps.go); a counted map is the port's own.
-		mname := shardName(chain, !affinity)
+		mname := shardName(chain, !affinity, pnum)
 		var off uint32
 		if !affinity && p.cfg.CountConnections {
 			mname = countedMapName(chain)

@@ -543,7 +543,7 @@ func (w *writer) repair(tx txn, applied map[dataplane.ServicePortName]*portObjec
 	}
 	w.hairpinRepair(tx, applied)
 	perPort := func(name string) bool {
-		for _, pfx := range []string{svcPrefix, svlPrefix, extPrefix, fwPrefix, epPrefix, affPrefix, wPrefix + "c-", wPrefix + "l-", dnatPrefix + "c-", dnatPrefix + "l-", countPrefix + "c-", countPrefix + "l-", sharedDNATPrefix, sharedVerdictPrefix,
+		for _, pfx := range []string{svcPrefix, svlPrefix, extPrefix, fwPrefix, epPrefix, affPrefix, wPrefix + "c-", wPrefix + "l-", dnatPrefix + "c-", dnatPrefix + "l-", countPrefix + "c-", countPrefix + "l-", sharedDNATPrefix, sharedUDPPrefix, sharedSCTPPrefix, sharedVerdictPrefix,
 			legacyCountPrefix + "c-", legacyCountPrefix + "l-", legacyDNATPrefix, legacyVerdictPrefix} {
 			if strings.HasPrefix(name, pfx) {
 				return true

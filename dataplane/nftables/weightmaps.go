@@ -60,16 +60,31 @@ const slotsPerShard = (1<<32)/Buckets - 1
 // without its map, writes the new maps and the chain's new rule in one
 // transaction, and marks the old maps unused (deleted StaleDelay later,
 // as any unused map).
+//
+// A DNAT map's values name the protocol ("ip daddr . tcp dport"), and nft
+// checks a rule "meta l4proto udp dnat ... map @m" against m's typeof
+// ("conflicting protocols specified"), so the DNAT maps are shared per
+// protocol: dn- for TCP, du- for UDP, ds- for SCTP. "th dport" would
+// serve all three, but nft 1.0.6 refuses every rule against such a map
+// once it reads the typeof back from the kernel (a restart's full sync).
+// One map for every protocol failed every sync through nft once a TCP and
+// a UDP port hashed to one map (the steelyard-ebpf conformance run of
+// 2026-12-07, 142 Services; TestSharedMapProtocolsKernel).
 const (
-	sharedDNATPrefix    = "dn-"
+	sharedDNATPrefix    = "dn-" // TCP
+	sharedUDPPrefix     = "du-"
+	sharedSCTPPrefix    = "ds-"
 	sharedVerdictPrefix = "wv-"
 	legacyDNATPrefix    = "dm-"
 	legacyVerdictPrefix = "wm-"
 )
 
+// sharedPrefixes are the prefixes of the shared weight maps.
+var sharedPrefixes = []string{sharedDNATPrefix, sharedUDPPrefix, sharedSCTPPrefix, sharedVerdictPrefix}
+
 // sharedMap reports whether m is a shared weight map.
 func sharedMap(m string) bool {
-	return len(m) > 3 && (m[:3] == sharedDNATPrefix || m[:3] == sharedVerdictPrefix)
+	return len(m) > 3 && slices.Contains(sharedPrefixes, m[:3])
 }
 
 // slotTable places each split chain in a shared map: the map from a hash
@@ -96,11 +111,16 @@ func chainHash(chain string) uint32 {
 	return h.Sum32()
 }
 
-// shardName is the shared map of split chain chain: a DNAT map, or with
-// ClientIP affinity a verdict map.
-func shardName(chain string, dnat bool) string {
+// shardName is the shared map of split chain chain: a DNAT map of its
+// protocol proto, or with ClientIP affinity a verdict map.
+func shardName(chain string, dnat bool, proto uint8) string {
 	pfx := sharedVerdictPrefix
-	if dnat {
+	switch {
+	case dnat && proto == protoNumbers["udp"]:
+		pfx = sharedUDPPrefix
+	case dnat && proto == protoNumbers["sctp"]:
+		pfx = sharedSCTPPrefix
+	case dnat:
 		pfx = sharedDNATPrefix
 	}
 	return fmt.Sprintf("%s%04d", pfx, chainHash(chain)%WeightShards)
