@@ -44,16 +44,21 @@ demo: deps build
 # once, about 11 minutes, then cached under ~/.cache/steelyard).
 test: deps build bpf-check prebuild vet unit chart-check e2e k8s cni ingress ipvs ebpf-vm-smoke gateway node multinode docs-check
 
-# The slow cache builds of later suites (Kubernetes from source, containerd,
-# the CNI reference plugins) start in the background, so that with every
-# cache cold they overlap vet, unit and e2e, which leave a core idle much of
-# the time. Each script holds its cache's lock (scripts/lib/lock.sh): the
-# suite that needs one waits for it there, and builds it itself if the
-# background build failed. Their output: bin/prebuild.log.
+# The slow cache builds of later suites start in the background
+# (scripts/prebuild.sh, in the order the suites need them: Kubernetes from
+# source, the CNI plugins, a warm-up of the Go build cache for the VM
+# suites' static test binaries, containerd, the node's rootfs and images),
+# so that with every cache cold they overlap vet, unit and e2e, which leave
+# a core idle much of the time. At nice 19: the foreground suites are the
+# critical path and keep the cores they use; the builds take what is left,
+# and the whole machine while a suite waits for one of them. Each cache
+# script holds its cache's lock (scripts/lib/lock.sh): the suite that needs
+# one waits for it there, and builds it itself if the background build
+# failed. Their output: bin/prebuild.log.
 .PHONY: prebuild
 prebuild:
 	@mkdir -p bin
-	@(scripts/control-plane/build.sh && scripts/node/containerd.sh && scripts/cni-plugins.sh) >bin/prebuild.log 2>&1 </dev/null &
+	@nice -n 19 scripts/prebuild.sh >bin/prebuild.log 2>&1 </dev/null &
 
 # The ebpf mode's socket programs (dataplane/ebpf/bpf/*.c), compiled with
 # Debian's clang through bpf2go (the tool of go.mod). The generated
