@@ -343,12 +343,27 @@ func renderConformance(root, dir, file string) ([]string, error) {
 	if filepath.Base(file) != "conformance.md" {
 		// The README keeps one line (it stays under 200): the counts per
 		// proxy, the table and the reasons are on docs/conformance.md.
+		// One run named in the header when every proxy's is the same,
+		// else each proxy's after its counts: the summaries are written
+		// per proxy and may come from different runs.
+		oneRun := true
+		for _, s := range sums {
+			oneRun = oneRun && run(s.Commit, s.Date) == run(sums[0].Commit, sums[0].Date)
+		}
 		var parts []string
 		for _, s := range sums {
 			n := s.Counts()
-			parts = append(parts, fmt.Sprintf("%s %d / %d / %d / %d", s.Proxy, n[summary.Passed], n[summary.Failed], n[summary.SkippedRun], n[summary.NotRun]+n[summary.Incomplete]))
+			part := fmt.Sprintf("%s %d / %d / %d / %d", s.Proxy, n[summary.Passed], n[summary.Failed], n[summary.SkippedRun], n[summary.NotRun]+n[summary.Incomplete])
+			if !oneRun {
+				part += " (" + run(s.Commit, s.Date) + ")"
+			}
+			parts = append(parts, part)
 		}
-		line := fmt.Sprintf("Passed / failed / skipped by the test / not run, %d nodes%s, %s: %s.", sums[0].Nodes, dualStack(sums[0]), run(sums[0].Commit, sums[0].Date), strings.Join(parts, "; "))
+		header := ""
+		if oneRun {
+			header = ", " + run(sums[0].Commit, sums[0].Date)
+		}
+		line := fmt.Sprintf("Passed / failed / skipped by the test / not run, %d nodes%s%s: %s.", sums[0].Nodes, dualStack(sums[0]), header, strings.Join(parts, "; "))
 		if haveRef {
 			line += fmt.Sprintf(" Failed for steelyard and passed for kube-proxy: %d.", len(worse))
 		}

@@ -50,6 +50,7 @@ type config struct {
 	iptablesMax    int
 	loadMethod     string
 	runID          string
+	commit         string // read once at the start: the checkout may move during a run
 	explainTimeout time.Duration
 	perfAt         []int
 	bins           binaries
@@ -126,8 +127,9 @@ func main() {
 	if cfg.loadMethod != "etcd" && cfg.loadMethod != "api" {
 		fail(fmt.Errorf("-load: %q: want etcd or api", cfg.loadMethod))
 	}
+	cfg.commit = runinfo.Commit()
 	if cfg.runID == "" {
-		cfg.runID = time.Now().UTC().Format("20060102T150405Z") + "-" + runinfo.Commit()
+		cfg.runID = time.Now().UTC().Format("20060102T150405Z") + "-" + cfg.commit
 	}
 	cfg.flavours = splitList(*flavours)
 	for _, f := range cfg.flavours {

@@ -27,7 +27,7 @@ func toPoint(cfg *config, r result) (p point.Result, ok bool) {
 		First:     r.firstSync.Seconds(),
 		RSSMiB:    float64(r.rssKiB) / 1024,
 		LoadAvg:   runinfo.LoadAvg(),
-		Commit:    runinfo.Commit(),
+		Commit:    cfg.commit,
 		Date:      runinfo.Date(),
 	}
 	if r.cpuMeasured {

@@ -16,7 +16,7 @@ import (
 // change percentiles in seconds, appended run after run.
 func TestAppendPoint(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "points.jsonl")
-	cfg := &config{runID: "r1"}
+	cfg := &config{runID: "r1", commit: "abc1234"}
 	lat := make([]time.Duration, 100)
 	for i := range lat {
 		lat[i] = time.Duration(i+1) * time.Millisecond
