@@ -116,29 +116,8 @@ func netlinkStates() [][]dataplane.State {
 // written over netlink must list exactly as the table nft writes from the
 // same final state. The oracle is nft itself.
 func TestNetlinkMatchesNft(t *testing.T) {
-	if os.Getenv("STEELYARD_NFT_NETNS") != "" {
+	if inThrowawayNetns(t, "STEELYARD_NFT_NETNS", "synl") {
 		netlinkMatchesNft(t)
-		return
-	}
-	// A kernel test (tag e2e, run as root by make e2e after
-	// scripts/install-deps.sh installed nft) must not pass by skipping.
-	if os.Geteuid() != 0 {
-		t.Fatal("needs root (runs itself in a throwaway network namespace): run it with sudo")
-	}
-	if _, err := exec.LookPath("nft"); err != nil {
-		t.Fatalf("no nft binary (scripts/install-deps.sh installs it): %v", err)
-	}
-	ns := "synl" + strings.ReplaceAll(time.Now().Format("150405.000"), ".", "")
-	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	defer exec.Command("ip", "netns", "del", ns).Run() //nolint:errcheck
-	cmd := exec.Command("ip", "netns", "exec", ns, os.Args[0], "-test.run", "^TestNetlinkMatchesNft$", "-test.v")
-	cmd.Env = append(os.Environ(), "STEELYARD_NFT_NETNS="+ns)
-	out, err := cmd.CombinedOutput()
-	t.Logf("in %s:\n%s", ns, out)
-	if err != nil {
-		t.Fatal(err)
 	}
 }
 

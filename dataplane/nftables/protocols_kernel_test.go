@@ -4,12 +4,10 @@ package nftables
 
 import (
 	"fmt"
-	"os"
 	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	"sigs.k8s.io/knftables"
 
@@ -27,24 +25,8 @@ import (
 // typed for one protocol refused the others' rules and failed every sync
 // (the steelyard-ebpf conformance run of 2026-12-07).
 func TestSharedMapProtocolsKernel(t *testing.T) {
-	if os.Getenv("STEELYARD_PROTO_NETNS") != "" {
+	if inThrowawayNetns(t, "STEELYARD_PROTO_NETNS", "sypr") {
 		sharedMapProtocols(t)
-		return
-	}
-	if os.Geteuid() != 0 {
-		t.Fatal("needs root (runs itself in a throwaway network namespace): run it with sudo")
-	}
-	ns := "sypr" + strings.ReplaceAll(time.Now().Format("150405.000"), ".", "")
-	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	defer exec.Command("ip", "netns", "del", ns).Run() //nolint:errcheck
-	cmd := exec.Command("ip", "netns", "exec", ns, os.Args[0], "-test.run", "^TestSharedMapProtocolsKernel$", "-test.v")
-	cmd.Env = append(os.Environ(), "STEELYARD_PROTO_NETNS="+ns)
-	out, err := cmd.CombinedOutput()
-	t.Logf("in %s:\n%s", ns, out)
-	if err != nil {
-		t.Fatal(err)
 	}
 }
 

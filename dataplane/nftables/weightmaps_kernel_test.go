@@ -4,14 +4,11 @@ package nftables
 
 import (
 	"net/netip"
-	"os"
 	"os/exec"
 	"regexp"
 	"slices"
 	"strconv"
-	"strings"
 	"testing"
-	"time"
 )
 
 // TestWeightMapNeighboursKernel runs against the real kernel (as root, in
@@ -22,24 +19,8 @@ import (
 // independent decoder) and steelyard's reader list the same ranges after
 // each step.
 func TestWeightMapNeighboursKernel(t *testing.T) {
-	if os.Getenv("STEELYARD_WM_NETNS") != "" {
+	if inThrowawayNetns(t, "STEELYARD_WM_NETNS", "sywm") {
 		weightMapNeighbours(t)
-		return
-	}
-	if os.Geteuid() != 0 {
-		t.Fatal("needs root (runs itself in a throwaway network namespace): run it with sudo")
-	}
-	ns := "sywm" + strings.ReplaceAll(time.Now().Format("150405.000"), ".", "")
-	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	defer exec.Command("ip", "netns", "del", ns).Run() //nolint:errcheck
-	cmd := exec.Command("ip", "netns", "exec", ns, os.Args[0], "-test.run", "^TestWeightMapNeighboursKernel$", "-test.v")
-	cmd.Env = append(os.Environ(), "STEELYARD_WM_NETNS="+ns)
-	out, err := cmd.CombinedOutput()
-	t.Logf("in %s:\n%s", ns, out)
-	if err != nil {
-		t.Fatal(err)
 	}
 }
 
