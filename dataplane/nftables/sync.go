@@ -224,6 +224,9 @@ func (o *syncOps) Commit(last bool) error {
 	if o.batched {
 		commit = p.commitBatch // elements over netlink (firstsync.go)
 	}
+	// Marks the start of a kernel write in the log: the kill test
+	// (test/k8s) kills the agent right after it.
+	log.WithField("ops", o.tx.NumOperations()).Debug("committing")
 	if err := commit(rctx, o.tx); err != nil {
 		p.rec.undo()
 		return fmt.Errorf("nftables: %w", err)

@@ -68,11 +68,14 @@ func bulkBackend(i, j int) backend {
 // is ordered by chain, so a partially applied restore would match no k.
 //
 // Kill moments rotate through four modes: at a random moment of the change
-// stream; just after an iptables-restore child of the agent appears (to
-// land inside a restore); up to 0.7 s after the stream stopped (inside the
-// last syncs or after them, when the kernel may hold the newest state); and
-// at a random moment of the agent's start-up (informer list and first,
-// full sync).
+// stream; just after a kernel write of the agent begins (to land inside
+// it: an iptables-restore or nft child appears, or, in nftables mode, the
+// agent logs "committing" before a netlink transaction, which the kernel
+// applies inside one system call, so the kill lands right after it or
+// between it and the end of the sync); up to 0.7 s after the stream
+// stopped (inside the last syncs or after them, when the kernel may hold
+// the newest state); and at a random moment of the agent's start-up
+// (informer list and first, full sync).
 func TestKillDuringSync(t *testing.T) {
 	e := newEnv(t)
 	const echoVIP = "198.18.0.40"
@@ -134,7 +137,7 @@ func TestKillDuringSync(t *testing.T) {
 	}
 	t.Logf("created %d Services with %d endpoints each in %v", bulkServices, bulkEndpoints, time.Since(start).Round(time.Millisecond))
 
-	e.startAgent(e.cp.Kubeconfig, "--log-level", "info")
+	e.startAgent(e.cp.Kubeconfig, "--log-level", killLogLevel())
 	e.waitVerify(30 * time.Second)
 	// The VIPs that never change (echo, the default kubernetes Service).
 	fixed := map[string]dataplane.ServiceView{}
@@ -180,7 +183,7 @@ func TestKillDuringSync(t *testing.T) {
 		t0 := time.Now()
 		a := e.agent
 		if round > 1 { // the first round kills the agent started above
-			if a, err = e.sb.StartAgent(steelyardBin, e.agentArgs(e.cp.Kubeconfig, "--log-level", "info")...); err != nil {
+			if a, err = e.sb.StartAgent(steelyardBin, e.agentArgs(e.cp.Kubeconfig, "--log-level", killLogLevel())...); err != nil {
 				t.Fatal(err)
 			}
 			e.agent = a
@@ -215,10 +218,21 @@ func TestKillDuringSync(t *testing.T) {
 		case "in-restore":
 			time.Sleep(time.Duration(50+rand.IntN(750)) * time.Millisecond)
 			deadline := time.Now().Add(3 * time.Second)
+			commits := newLogWatch(a.LogPath)
 			for !restoreRunning(a.Pid()) && time.Now().Before(deadline) {
+				if agentMode == "nftables" {
+					// The netlink write follows the log line within
+					// microseconds: no sleep, no added jitter.
+					if commits.seen("msg=committing") {
+						break
+					}
+					continue
+				}
 				time.Sleep(500 * time.Microsecond)
 			}
-			time.Sleep(time.Duration(rand.IntN(5000)) * time.Microsecond)
+			if agentMode != "nftables" {
+				time.Sleep(time.Duration(rand.IntN(5000)) * time.Microsecond)
+			}
 		case "after-burst":
 			time.Sleep(time.Duration(50+rand.IntN(750)) * time.Millisecond)
 			if err := stopChanges(); err != nil {
@@ -232,6 +246,7 @@ func TestKillDuringSync(t *testing.T) {
 		syscall.Kill(a.Pid(), syscall.SIGKILL)
 		<-a.Done()
 		killedAt := time.Since(t0)
+		restoring = restoring || inCommit(a.Log())
 		if err := stopChanges(); err != nil {
 			t.Fatalf("change stream: %v", err)
 		}
@@ -252,7 +267,7 @@ func TestKillDuringSync(t *testing.T) {
 		n := h.len() - 1
 		switch {
 		case match < 0:
-			t.Errorf("kill %d (%s, %v after start, restore running: %v): the kernel matches no single state S%d..S%d:\n%s",
+			t.Errorf("kill %d (%s, %v after start, kernel write in flight: %v): the kernel matches no single state S%d..S%d:\n%s",
 				round, mode, killedAt.Round(time.Millisecond), restoring, from, n, detail)
 		case match == n:
 			newest++
@@ -265,19 +280,19 @@ func TestKillDuringSync(t *testing.T) {
 				t.Errorf("kill %d: the kernel holds S%d, not the latest S%d, but verify --kubeconfig exits %d:\n%s", round, match, n, code, out)
 			}
 		}
-		t.Logf("kill %2d (%-12s %6v after start, iptables-restore running: %-5v): kernel holds S%d of S%d..S%d; verify exit %d",
+		t.Logf("kill %2d (%-12s %6v after start, kernel write in flight: %-5v): kernel holds S%d of S%d..S%d; verify exit %d",
 			round, mode+",", killedAt.Round(time.Millisecond), restoring, match, from, n, code)
 		echo(fmt.Sprintf("after kill %d", round))
 	}
 
 	t0 := time.Now()
-	e.startAgent(e.cp.Kubeconfig, "--log-level", "info")
+	e.startAgent(e.cp.Kubeconfig, "--log-level", killLogLevel())
 	restarts = append(restarts, time.Since(t0))
 	took := e.waitVerify(30 * time.Second)
 	echo("after the last restart")
 	probeOK, probeErrs := probe.Stop()
 
-	t.Logf("%d kills: %d with an iptables-restore of the agent running, kernel held the newest state %d times, at most %d changes behind otherwise; %d changes in all",
+	t.Logf("%d kills: %d with a kernel write of the agent in flight, kernel held the newest state %d times, at most %d changes behind otherwise; %d changes in all",
 		kills, inRestore, newest, maxBehind, h.len()-1)
 	sort.Slice(restarts, func(i, j int) bool { return restarts[i] < restarts[j] })
 	t.Logf("restart -> first sync: median %v, max %v; verify passed %v after the last restart",
@@ -289,7 +304,7 @@ func TestKillDuringSync(t *testing.T) {
 		t.Errorf("%d new connections to the unchanged VIP failed:\n%s", len(probeErrs), strings.Join(probeErrs, "\n"))
 	}
 	if inRestore == 0 {
-		t.Errorf("no kill landed while an iptables-restore ran: the test did not exercise what it is for")
+		t.Errorf("no kill landed while a kernel write was in flight: the test did not exercise what it is for")
 	}
 }
 
@@ -468,6 +483,56 @@ func restoreRunning(pid int) bool {
 		}
 	}
 	return false
+}
+
+// killLogLevel is the agents' log level: debug in nftables mode, whose
+// netlink writes are seen only through the agent's "committing" lines.
+func killLogLevel() string {
+	if agentMode == "nftables" {
+		return "debug"
+	}
+	return "info"
+}
+
+// inCommit tells whether an nftables agent's log ends inside a sync's
+// kernel write: a "committing" line with no "synced" line after it.
+func inCommit(log string) bool {
+	c := strings.LastIndex(log, "msg=committing")
+	return c >= 0 && strings.LastIndex(log, "msg=synced") < c
+}
+
+// logWatch reads what a log file gains after the watch began.
+type logWatch struct {
+	path string
+	off  int64
+}
+
+func newLogWatch(path string) *logWatch {
+	w := &logWatch{path: path}
+	if fi, err := os.Stat(path); err == nil {
+		w.off = fi.Size()
+	}
+	return w
+}
+
+// seen tells whether the log gained a line containing s since the watch
+// began (or since the last call that read a whole line).
+func (w *logWatch) seen(s string) bool {
+	f, err := os.Open(w.path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	b := make([]byte, 64<<10)
+	n, _ := f.ReadAt(b, w.off)
+	b = b[:n]
+	// Only whole lines: a line being written is read again next time.
+	end := strings.LastIndexByte(string(b), '\n')
+	if end < 0 {
+		return false
+	}
+	w.off += int64(end + 1)
+	return strings.Contains(string(b[:end]), s)
 }
 
 // nsPids returns the processes inside the named network namespace.
