@@ -82,7 +82,12 @@ func weightMapLayouts(t testing.TB, n string) {
 			if shards == 0 || offset {
 				typ = "numgen random mod 10 . meta l4proto"
 			}
-			fmt.Fprintf(&sb, "map %s { typeof %s : ip daddr . tcp dport; flags interval; elements = {", names[m], typ)
+			fmt.Fprintf(&sb, "map %s { typeof %s : ip daddr . tcp dport; flags interval;", names[m], typ)
+			// A map with no port (more maps than ports) has no elements
+			// clause: nft refuses an empty one.
+			if m < count {
+				sb.WriteString(" elements = {")
+			}
 			first := true
 			for i := m; i < count; i += maps {
 				for j := 0; j < 10; j++ {
@@ -102,7 +107,10 @@ func weightMapLayouts(t testing.TB, n string) {
 					}
 				}
 			}
-			sb.WriteString("} }\n")
+			if m < count {
+				sb.WriteString("}")
+			}
+			sb.WriteString(" }\n")
 		}
 		sb.WriteString("}\n")
 		cmd := exec.Command("nft", "-f", "-")
