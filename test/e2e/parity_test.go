@@ -184,11 +184,23 @@ func (f *fixture) addSourcePods(services ...pService) {
 // conns runs count TCP connections from ns to dst and checks the shares.
 func conns(t *testing.T, ns *sandbox.NS, what string, dst netip.AddrPort, count int, want map[string]float64, tol float64) {
 	t.Helper()
+	sb := sandbox.Of(ns)
+	var before sandbox.Snapshot
+	if sb != nil {
+		before = sb.Counters()
+	}
 	r, err := ns.TCPConnsAny(dst, count, sandbox.Load{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("%s (%s): %s", what, dst, r)
+	if r.Failed() > 0 && sb != nil {
+		// Where the lost connections went: the counters of drops,
+		// retransmissions and conntrack failures that grew meanwhile.
+		for _, l := range sb.Counters().Grown(before) {
+			t.Logf("  grown during the run: %s", l)
+		}
+	}
 	sandbox.ExpectShares(t, r, want, tol)
 }
 

@@ -279,10 +279,15 @@ func (n *NS) run(proto string, dst netip.AddrPort, count int, load Load, one fun
 	return res, firstErr
 }
 
-// errorClass shortens err to a countable class.
+// errorClass shortens err to a countable class. A timeout names the
+// operation that ran out ("dial timeout": no SYN-ACK; "read timeout":
+// connected, no answer), which tells a lost SYN from a lost reply.
 func errorClass(err error) string {
 	var errno syscall.Errno
+	var op *net.OpError
 	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded) && errors.As(err, &op):
+		return op.Op + " timeout"
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		return "timeout"
 	case errors.As(err, &errno):
