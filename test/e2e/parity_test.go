@@ -194,9 +194,10 @@ func conns(t *testing.T, ns *sandbox.NS, what string, dst netip.AddrPort, count 
 		t.Fatal(err)
 	}
 	t.Logf("%s (%s): %s", what, dst, r)
-	if r.Failed() > 0 && sb != nil {
+	if (r.Failed() > 0 || os.Getenv("STEELYARD_COUNTERS") != "") && sb != nil {
 		// Where the lost connections went: the counters of drops,
-		// retransmissions and conntrack failures that grew meanwhile.
+		// retransmissions and conntrack failures that grew meanwhile
+		// (STEELYARD_COUNTERS: after every run, to compare modes).
 		for _, l := range sb.Counters().Grown(before) {
 			t.Logf("  grown during the run: %s", l)
 		}
