@@ -189,11 +189,18 @@ func conns(t *testing.T, ns *sandbox.NS, what string, dst netip.AddrPort, count 
 	if sb != nil {
 		before = sb.Counters()
 	}
+	lag := sandbox.WatchLag(10 * time.Millisecond)
 	r, err := ns.TCPConnsAny(dst, count, sandbox.Load{})
+	maxLag := lag.Stop()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("%s (%s): %s", what, dst, r)
+	if r.Failed() > 0 {
+		// A stall of the whole machine (a VM starved of CPU under TCG)
+		// shows as a late wake-up and failures at one moment.
+		t.Logf("  failures at %v after the start; a 10 ms sleep woke at most %v late during the run", r.FailedAt, maxLag.Round(time.Millisecond))
+	}
 	if (r.Failed() > 0 || os.Getenv("STEELYARD_COUNTERS") != "") && sb != nil {
 		// Where the lost connections went: the counters of drops,
 		// retransmissions and conntrack failures that grew meanwhile

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -62,6 +63,10 @@ type Result struct {
 	// ...) to how often it happened.
 	Errors  map[string]int
 	Elapsed time.Duration
+	// FailedAt holds when the first failures ended, from the run's
+	// start (at most 50): failures at one moment point at a stall, spread
+	// ones at a steady loss.
+	FailedAt []time.Duration
 }
 
 // OK returns the number of answered connections.
@@ -224,6 +229,7 @@ func (n *NS) run(proto string, dst netip.AddrPort, count int, load Load, one fun
 	jobs := make(chan struct{})
 	type partial struct {
 		counts, errs map[string]int
+		failedAt     []time.Duration
 		done         int
 		err          error
 	}
@@ -238,6 +244,9 @@ func (n *NS) run(proto string, dst netip.AddrPort, count int, load Load, one fun
 					name, err := one()
 					if err != nil {
 						p.errs[errorClass(err)]++
+						if len(p.failedAt) < 50 {
+							p.failedAt = append(p.failedAt, time.Since(start))
+						}
 						continue
 					}
 					p.counts[name]++
@@ -268,11 +277,16 @@ func (n *NS) run(proto string, dst netip.AddrPort, count int, load Load, one fun
 		for k, v := range p.errs {
 			res.Errors[k] += v
 		}
+		res.FailedAt = append(res.FailedAt, p.failedAt...)
 		if p.err != nil && firstErr == nil {
 			firstErr = p.err
 		}
 	}
 	res.Elapsed = time.Since(start)
+	slices.Sort(res.FailedAt)
+	if len(res.FailedAt) > 50 {
+		res.FailedAt = res.FailedAt[:50]
+	}
 	if firstErr == nil && res.Attempted < count {
 		firstErr = fmt.Errorf("%s %s: stopped after %s with %d of %d connections", proto, dst, load.MaxDuration, res.Attempted, count)
 	}
