@@ -200,6 +200,16 @@ func conns(t *testing.T, ns *sandbox.NS, what string, dst netip.AddrPort, count 
 		// A stall of the whole machine (a VM starved of CPU under TCG)
 		// shows as a late wake-up and failures at one moment.
 		t.Logf("  failures at %v after the start; a 10 ms sleep woke at most %v late during the run", r.FailedAt, maxLag.Round(time.Millisecond))
+		if sb != nil && len(r.FailedAt) > 0 {
+			// What the agent did from 3 s before the first failure to the last.
+			from := time.Now().Add(-r.Elapsed + r.FailedAt[0] - 3*time.Second)
+			to := time.Now().Add(-r.Elapsed + r.FailedAt[len(r.FailedAt)-1])
+			for _, a := range sb.Agents() {
+				for _, l := range sandbox.LogLinesBetween(a.Log(), from, to, 40) {
+					t.Logf("  agent %d: %s", a.Pid(), l)
+				}
+			}
+		}
 	}
 	if (r.Failed() > 0 || os.Getenv("STEELYARD_COUNTERS") != "") && sb != nil {
 		// Where the lost connections went: the counters of drops,

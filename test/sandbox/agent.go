@@ -122,3 +122,28 @@ func (s *Sandbox) Agents() []*Agent {
 	defer s.mu.Unlock()
 	return append([]*Agent(nil), s.agents...)
 }
+
+// LogLinesBetween returns the last max lines of an agent log (logrus
+// text, time="RFC 3339") stamped from from to to.
+func LogLinesBetween(log string, from, to time.Time, max int) []string {
+	var out []string
+	for _, l := range strings.Split(log, "\n") {
+		_, rest, ok := strings.Cut(l, `time="`)
+		if !ok {
+			continue
+		}
+		stamp, _, ok := strings.Cut(rest, `"`)
+		if !ok {
+			continue
+		}
+		at, err := time.Parse(time.RFC3339, stamp)
+		if err != nil || at.Before(from.Truncate(time.Second)) || at.After(to) {
+			continue
+		}
+		out = append(out, l)
+	}
+	if len(out) > max {
+		out = append([]string{"..."}, out[len(out)-max:]...)
+	}
+	return out
+}
