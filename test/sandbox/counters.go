@@ -108,7 +108,8 @@ func (c Counters) readConntrack(path string) error {
 // dropWords mark the counters that tell where packets or connections were
 // lost (and the retransmissions that follow).
 var dropWords = []string{"drop", "fail", "overflow", "err", "retrans", "timeout", "rst", "reset",
-	"invalid", "clash", "challenge", "paws", "tw", "prune", "search_restart", "ignore", "noroute", "discard"}
+	"invalid", "clash", "challenge", "paws", "tw", "prune", "search_restart", "ignore", "noroute", "discard",
+	"cookie", "reqq", "backlog", "abort", "listen"}
 
 // Grown returns the loss-related counters that grew from before to c, as
 // "name +delta", sorted by name.
