@@ -116,10 +116,10 @@ var dropWords = []string{"drop", "fail", "overflow", "err", "retrans", "timeout"
 func (c Counters) Grown(before Counters) []string {
 	var out []string
 	for name, v := range c {
-		d := v - before[name]
-		if v <= before[name] || d == 0 {
+		if v <= before[name] {
 			continue
 		}
+		d := v - before[name]
 		low := strings.ToLower(name)
 		for _, w := range dropWords {
 			if strings.Contains(low, w) {
